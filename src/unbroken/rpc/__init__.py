@@ -1,0 +1,16 @@
+"""Control traffic between agents, the job manager and the CLI: gRPC carrying JSON objects.
+
+Every call carries the run's secret in the ``x-unbroken-secret`` metadata entry; a call without
+it, or with another, is refused with ``UNAUTHENTICATED``. Payloads are JSON objects (never
+pickles), so nothing from the network is executed. Servers bind to 127.0.0.1 by default.
+"""
+
+from unbroken.rpc.channel import (
+    ControlClient,
+    ControlServer,
+    RpcError,
+    Unary,
+    UnaryStream,
+)
+
+__all__ = ["ControlClient", "ControlServer", "RpcError", "Unary", "UnaryStream"]
