@@ -17,6 +17,7 @@ from collections.abc import Sequence
 _COMMANDS: dict[str, str] = {
     "validate": "validate",
     "plan": "plan",
+    "launch": "launch",
 }
 
 

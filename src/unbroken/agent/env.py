@@ -1,0 +1,50 @@
+"""The environment a rank process starts with: torchrun's variables plus Unbroken's own.
+
+``TORCHELASTIC_USE_AGENT_STORE=True`` makes a plain ``dist.init_process_group("gloo")`` connect
+as a *client* to the rendezvous store at MASTER_ADDR:MASTER_PORT instead of rank 0 hosting it,
+and ``TORCHELASTIC_RESTART_COUNT=<generation>`` makes torch prefix every key with
+``/worker/attempt_<generation>``, so a restarted world never reads a dead rank's address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from unbroken.agent.launcher import LaunchArgs
+
+#: Variables that give access to the control plane; ranks never see them.
+CONTROL_VARS = ("UNBROKEN_CONTROL", "UNBROKEN_SECRET")
+
+
+def rank_env(
+    base: Mapping[str, str],
+    args: LaunchArgs,
+    local_rank: int,
+    generation: int,
+    heartbeat_file: Path | None,
+) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in CONTROL_VARS}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(
+        {
+            "RANK": str(args.global_rank(local_rank)),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(args.world_size),
+            "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
+            "GROUP_RANK": str(args.node_rank),
+            "ROLE_RANK": str(args.global_rank(local_rank)),
+            "ROLE_WORLD_SIZE": str(args.world_size),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": args.master_addr,
+            "MASTER_PORT": str(args.master_port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RESTART_COUNT": str(generation),
+            "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+            "TORCHELASTIC_RUN_ID": args.run_id,
+            "UNBROKEN_GENERATION": str(generation),
+        }
+    )
+    if heartbeat_file is not None:
+        env["UNBROKEN_HEARTBEAT_FILE"] = str(heartbeat_file)
+    return env

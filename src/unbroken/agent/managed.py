@@ -1,0 +1,297 @@
+"""The node agent under a job manager: start ranks, watch them, report, obey commands.
+
+One agent runs per pod. It says hello to the control plane, starts its ranks for the generation
+it is given, and then, every tick:
+
+- reports each rank exit at once (``rank-exited``: signal, exit code, traceback), except exits
+  it caused itself (restart or stop commands);
+- checks each rank's heartbeat record: a rank whose liveness tick is older than the hang timeout
+  (``max(hang_floor_s, hang_factor x observed step time)``) is reported ``rank-hung``;
+- sends a heartbeat with every rank's progress (phase, step, last committed step);
+- carries out commands from the manager's stream: ``restart`` (kill the ranks, start them again
+  under a new generation), ``stop`` (SIGTERM, SIGKILL after the grace period or as soon as a
+  rank is seen blocked, since a rank stuck inside a collective never runs its handler; or SIGKILL
+  at once for force), then exit.
+
+The agent imports no torch: it starts in a fraction of a second, which matters when a pod is
+rescheduled. When the control plane stops answering for ``control_timeout_s`` the agent kills
+its ranks and exits non-zero with a message naming the address: it never trains on unsupervised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from unbroken.agent.env import rank_env
+from unbroken.agent.launcher import LaunchArgs
+from unbroken.agent.ranks import RankExit, RankProcess, rank_argv
+from unbroken.rpc import ControlClient, RpcError
+from unbroken.worker.heartbeat import HeartbeatReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    pod: str
+    control: str
+    secret: str
+    run_dir: Path
+    heartbeat_interval_s: float = 0.25
+    hang_floor_s: float = 1.5
+    hang_factor: float = 10.0
+    control_timeout_s: float = 10.0
+
+    @staticmethod
+    def from_env(env: Mapping[str, str]) -> AgentSettings | None:
+        control = env.get("UNBROKEN_CONTROL")
+        if not control:
+            return None
+        return AgentSettings(
+            pod=env["UNBROKEN_POD"],
+            control=control,
+            secret=env["UNBROKEN_SECRET"],
+            run_dir=Path(env["UNBROKEN_RUN_DIR"]),
+            hang_floor_s=float(env.get("UNBROKEN_HANG_FLOOR_S", "1.5")),
+            hang_factor=float(env.get("UNBROKEN_HANG_FACTOR", "10")),
+        )
+
+
+class AgentExit(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ManagedAgent:
+    def __init__(self, args: LaunchArgs, settings: AgentSettings) -> None:
+        self.args = args
+        self.s = settings
+        self.client = ControlClient(settings.control, settings.secret, timeout_s=3.0)
+        self.generation = -1
+        self.ranks: dict[int, RankProcess] = {}
+        self.done: set[int] = set()
+        self.hung_reported: set[tuple[int, int]] = set()
+        self._exits: queue.Queue[RankExit] = queue.Queue()
+        self._commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._expected_exit: set[int] = set()  # pids we are stopping on purpose
+        self._last_contact = time.monotonic()
+        self._readers: dict[int, HeartbeatReader] = {}
+        self.pod_dir = settings.run_dir / "pods" / settings.pod
+
+    # ---- control plane ----------------------------------------------------------------
+    def _call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        body = {"pod": self.s.pod, "at": time.time(), "generation": self.generation, **body}
+        try:
+            reply = self.client.call(method, body)
+        except RpcError as exc:
+            if time.monotonic() - self._last_contact > self.s.control_timeout_s:
+                raise AgentExit(3, f"giving up: {exc}") from None
+            log.warning("%s", exc)
+            return {}
+        self._last_contact = time.monotonic()
+        return reply
+
+    def _watch_commands(self) -> None:
+        while True:
+            try:
+                for cmd in self.client.stream("AgentCommands", {"pod": self.s.pod}):
+                    self._commands.put(cmd)
+                return  # the server closed the stream: the run is over
+            except RpcError as exc:
+                log.debug("command stream interrupted: %s", exc)
+                time.sleep(0.2)
+
+    # ---- ranks ----------------------------------------------------------------------
+    def _heartbeat_path(self, local_rank: int, generation: int) -> Path:
+        return self.pod_dir / "hb" / f"rank{self.args.global_rank(local_rank)}-g{generation}"
+
+    def _start_ranks(self, generation: int) -> None:
+        self.generation = generation
+        self.done.clear()
+        self.ranks.clear()
+        self._readers.clear()
+        argv = rank_argv(
+            self.args.script, self.args.script_args, self.args.module, self.args.no_python
+        )
+        for local in range(self.args.nproc_per_node):
+            rank = self.args.global_rank(local)
+            hb = self._heartbeat_path(local, generation)
+            hb.parent.mkdir(parents=True, exist_ok=True)
+            proc = RankProcess(
+                rank=rank,
+                local_rank=local,
+                generation=generation,
+                argv=argv,
+                env=rank_env(os.environ, self.args, local, generation, hb),
+                log_path=self.pod_dir / "logs" / f"rank{rank}.log",
+                on_exit=self._exits.put,
+            )
+            self.ranks[rank] = proc
+            self._readers[rank] = HeartbeatReader(hb)
+        self._call(
+            "AgentReport",
+            {
+                "event": "ranks-started",
+                "pids": {str(r): p.pid for r, p in self.ranks.items()},
+                "started_at": min(p.started_at for p in self.ranks.values()),
+            },
+        )
+
+    def _stop_ranks(self, grace_s: float | None) -> None:
+        live = [p for p in self.ranks.values() if p.alive]
+        self._expected_exit.update(p.pid for p in live)
+        if grace_s is None:
+            for p in live:
+                p.kill()
+        else:
+            for p in live:
+                p.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(p.alive for p in live):
+                # A rank that stopped ticking or stopped making progress cannot act on
+                # SIGTERM (blocked in a collective or stopped): do not wait the grace out.
+                for p in live:
+                    if p.alive and self._blocked(p.rank):
+                        p.kill()
+                time.sleep(0.05)
+            for p in live:
+                p.kill()
+        for p in live:
+            p.wait(5.0)
+
+    def _blocked(self, rank: int) -> bool:
+        snap = self._readers[rank].read()
+        if snap is None:
+            return False
+        now = time.time()
+        step_s = max(snap.step_time_s, 0.05)
+        progress_at = max(snap.step_at, snap.committed_at, snap.state_loaded_at)
+        return now - snap.tick_at > 0.5 or now - progress_at > max(2.0, 4 * step_s)
+
+    # ---- the loop -------------------------------------------------------------------
+    def run(self) -> int:
+        hello = self._call(
+            "AgentHello",
+            {
+                "pid": os.getpid(),
+                "node_rank": self.args.node_rank,
+                "nproc": self.args.nproc_per_node,
+            },
+        )
+        if not hello:
+            raise AgentExit(3, f"control plane at {self.s.control} did not answer the hello")
+        threading.Thread(target=self._watch_commands, name="commands", daemon=True).start()
+        self._start_ranks(int(hello["generation"]))
+        tick_s = min(self.args.monitor_interval_s, 0.05)
+        next_hb = 0.0
+        try:
+            while True:
+                self._drain_exits()
+                if self.done and len(self.done) == self.args.nproc_per_node:
+                    self._call("AgentReport", {"event": "pod-finished"})
+                    return 0
+                code = self._drain_commands()
+                if code is not None:
+                    return code
+                self._check_hangs()
+                if time.monotonic() >= next_hb:
+                    self._call("AgentHeartbeat", {"ranks": self._progress()})
+                    next_hb = time.monotonic() + self.s.heartbeat_interval_s
+                time.sleep(tick_s)
+        except AgentExit:
+            self._stop_ranks(None)
+            raise
+
+    def _drain_exits(self) -> None:
+        while True:
+            try:
+                ex = self._exits.get_nowait()
+            except queue.Empty:
+                return
+            if ex.pid in self._expected_exit:
+                self._expected_exit.discard(ex.pid)
+                continue
+            if ex.generation != self.generation:
+                continue
+            if ex.succeeded:
+                self.done.add(ex.rank)
+                continue
+            log.warning("rank %d (pid %d) %s", ex.rank, ex.pid, ex.describe())
+            self._call(
+                "AgentReport",
+                {
+                    "event": "rank-exited",
+                    "rank": ex.rank,
+                    "pid": ex.pid,
+                    "returncode": ex.returncode,
+                    "signal": ex.signal_name,
+                    "traceback": ex.traceback[-8000:],
+                    "peer_failure": ex.peer_failure,
+                    "exited_at": ex.at,
+                },
+            )
+
+    def _drain_commands(self) -> int | None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return None
+            op = cmd.get("op")
+            if op == "restart":
+                self._stop_ranks(None)
+                self._start_ranks(int(cmd["generation"]))
+            elif op == "stop":
+                grace = cmd.get("grace_s")
+                self._stop_ranks(None if grace is None else float(grace))
+                self._call("AgentReport", {"event": "pod-stopped"})
+                return 0 if cmd.get("success") else 143
+            else:
+                log.error("unknown command from the manager: %r", cmd)
+
+    def _check_hangs(self) -> None:
+        now = time.time()
+        for rank, proc in self.ranks.items():
+            if not proc.alive or (rank, self.generation) in self.hung_reported:
+                continue
+            snap = self._readers[rank].read()
+            if snap is None or snap.pid != proc.pid:
+                continue
+            timeout_s = max(self.s.hang_floor_s, self.s.hang_factor * snap.step_time_s)
+            stale_s = now - snap.tick_at
+            if stale_s > timeout_s:
+                self.hung_reported.add((rank, self.generation))
+                log.warning("rank %d (pid %d) silent for %.2f s: hung", rank, proc.pid, stale_s)
+                self._call(
+                    "AgentReport",
+                    {
+                        "event": "rank-hung",
+                        "rank": rank,
+                        "pid": proc.pid,
+                        "silent_s": stale_s,
+                        "timeout_s": timeout_s,
+                        "last_tick_at": snap.tick_at,
+                    },
+                )
+
+    def _progress(self) -> list[dict[str, Any]]:
+        out = []
+        for rank, proc in self.ranks.items():
+            snap = self._readers[rank].read()
+            row: dict[str, Any] = {"rank": rank, "pid": proc.pid, "alive": proc.alive}
+            if snap is not None and snap.pid == proc.pid:
+                row.update(dataclasses.asdict(snap))
+                row["phase"] = str(snap.phase)
+            out.append(row)
+        return out

@@ -1,0 +1,124 @@
+"""The agent without a job manager: what ``torchrun`` does, without its stale-store trap.
+
+The agent of node rank 0 hosts the rendezvous store (not rank 0's training process, so a crash
+of rank 0 does not take the store with it). Every restart round is a new generation and ranks
+use the prefix ``/worker/attempt_<generation>``, so restarted ranks never read a dead rank's
+address. When a local rank fails, its agent moves the shared round counter forward (compare and
+set, so two agents failing together make one round); every agent that sees a newer round
+restarts its ranks into it. ``--max_restarts`` bounds the rounds. Without a job manager there is
+no rescheduling and no process-level recovery: this mode exists so the same scripts and command
+lines work with and without the control plane.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from unbroken.agent.env import rank_env
+from unbroken.agent.launcher import LaunchArgs
+from unbroken.agent.ranks import RankExit, RankProcess, rank_argv
+
+log = logging.getLogger(__name__)
+
+_ROUND = "unbroken/round"
+_DONE = "unbroken/done"
+
+
+def run_standalone(args: LaunchArgs) -> int:
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    host = args.master_addr
+    is_host = args.node_rank == 0
+    try:
+        store = TCPStore(
+            host,
+            args.master_port,
+            is_master=is_host,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=60),
+        )
+    except Exception as exc:  # the store's errors are RuntimeError/DistNetworkError
+        what = "host" if is_host else "reach"
+        print(
+            f"unbroken launch: cannot {what} the rendezvous store at {host}:{args.master_port}: "
+            f"{exc}",
+            file=sys.stderr,
+        )
+        return 1
+    if is_host:
+        store.set(_ROUND, "0")
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    exits: queue.Queue[RankExit] = queue.Queue()
+    argv = rank_argv(args.script, args.script_args, args.module, args.no_python)
+    generation = int(store.get(_ROUND).decode())
+    restarts = 0
+
+    def start(gen: int) -> dict[int, RankProcess]:
+        procs = {}
+        for local in range(args.nproc_per_node):
+            rank = args.global_rank(local)
+            logp = (log_dir or Path.cwd() / "unbroken-logs") / f"rank{rank}.log"
+            procs[rank] = RankProcess(
+                rank=rank,
+                local_rank=local,
+                generation=gen,
+                argv=argv,
+                env=rank_env(os.environ, args, local, gen, None),
+                log_path=logp,
+                on_exit=exits.put,
+            )
+        return procs
+
+    procs = start(generation)
+    done: set[int] = set()
+    while True:
+        failed = False
+        try:
+            ex = exits.get(timeout=args.monitor_interval_s)
+            if ex.generation == generation:
+                if ex.succeeded:
+                    done.add(ex.rank)
+                else:
+                    log.warning("rank %d %s", ex.rank, ex.describe())
+                    print(f"unbroken launch: rank {ex.rank} {ex.describe()}", file=sys.stderr)
+                    failed = True
+        except queue.Empty:
+            pass
+        if len(done) == args.nproc_per_node:
+            break
+        current = int(store.get(_ROUND).decode())
+        if failed and current == generation:
+            store.compare_set(_ROUND, str(generation), str(generation + 1))
+            current = int(store.get(_ROUND).decode())
+        if current != generation:
+            if restarts >= args.max_restarts:
+                print(
+                    f"unbroken launch: giving up after {restarts} restarts (--max_restarts)",
+                    file=sys.stderr,
+                )
+                for p in procs.values():
+                    p.kill()
+                return 1
+            restarts += 1
+            for p in procs.values():
+                p.kill()
+            for p in procs.values():
+                p.wait(5.0)
+            while not exits.empty():
+                exits.get_nowait()
+            generation = current
+            done.clear()
+            print(f"unbroken launch: restarting ranks into round {generation}", file=sys.stderr)
+            procs = start(generation)
+    store.add(_DONE, 1)
+    if is_host:
+        deadline = time.monotonic() + 60
+        while int(store.add(_DONE, 0)) < args.nnodes and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return 0
