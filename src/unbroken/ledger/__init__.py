@@ -1,0 +1,79 @@
+"""The run's ledger: typed events and a status snapshot in one SQLite file (WAL mode).
+
+The control plane writes; ``unbroken status`` / ``unbroken events`` read it from other
+processes. Event classes live in :mod:`unbroken.ledger.events`; the incident timeline (MTTR
+per phase) in :mod:`unbroken.ledger.timeline`.
+"""
+
+from unbroken.ledger.codec import DecodeError, decode, encode
+from unbroken.ledger.events import (
+    EVENT_TYPES,
+    CheckpointSaved,
+    CommunicationReady,
+    DecisionMade,
+    DeviceIsolated,
+    DeviceReturned,
+    Event,
+    FaultDetected,
+    FirstStepCommitted,
+    JobFailed,
+    JobSubmitted,
+    JobSucceeded,
+    NodeIsolated,
+    PodPlaced,
+    PodsStopped,
+    ProcessesStarted,
+    RecoveryCompleted,
+    StateLoaded,
+    StateSource,
+    StepProgress,
+)
+from unbroken.ledger.status import JobPhase, JobStatus, PodStatus
+from unbroken.ledger.store import SCHEMA_VERSION, Ledger, LedgerError, Record
+from unbroken.ledger.timeline import (
+    PHASES,
+    Incident,
+    IncidentOutcome,
+    Phase,
+    format_incidents,
+    incidents,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "PHASES",
+    "SCHEMA_VERSION",
+    "CheckpointSaved",
+    "CommunicationReady",
+    "DecisionMade",
+    "DecodeError",
+    "DeviceIsolated",
+    "DeviceReturned",
+    "Event",
+    "FaultDetected",
+    "FirstStepCommitted",
+    "Incident",
+    "IncidentOutcome",
+    "JobFailed",
+    "JobPhase",
+    "JobStatus",
+    "JobSubmitted",
+    "JobSucceeded",
+    "Ledger",
+    "LedgerError",
+    "NodeIsolated",
+    "Phase",
+    "PodPlaced",
+    "PodStatus",
+    "PodsStopped",
+    "ProcessesStarted",
+    "Record",
+    "RecoveryCompleted",
+    "StateLoaded",
+    "StateSource",
+    "StepProgress",
+    "decode",
+    "encode",
+    "format_incidents",
+    "incidents",
+]

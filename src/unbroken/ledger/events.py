@@ -1,0 +1,245 @@
+"""The typed events of a run: every detection, decision and phase change, as a past fact.
+
+Each event is a frozen dataclass with a class-level ``kind`` (its class name), registered in
+:data:`EVENT_TYPES` so a stored record can be turned back into the event
+(:func:`unbroken.ledger.codec.decode`). Components that define their own events subclass
+:class:`Event` in their own module (the kind must be unique) or write untyped records with
+:meth:`unbroken.ledger.Ledger.record_raw`.
+
+Conventions for the fields (they are what :mod:`unbroken.ledger.timeline` relies on):
+
+- ``step`` is a count of committed optimizer steps: "step 110 committed" means the model is
+  the result of 110 updates. ``StateLoaded.step`` is the step the loaded state was taken
+  after, so training resumes with step ``step + 1``.
+- ``generation`` is the rendezvous generation (0 for the first start, +1 per rebuild).
+- ``*_at`` fields are wall-clock stamps (``time.time()``); ``*_s`` fields are durations.
+- The moment an event was recorded is the record's ``at``, not a field of the event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from unbroken.spec.knobs import Strategy
+
+#: kind -> event class, for every subclass of :class:`Event` defined so far.
+EVENT_TYPES: dict[str, type[Event]] = {}
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every ledger event. Subclasses are frozen dataclasses named as past facts."""
+
+    kind: ClassVar[str] = "Event"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind", cls.__name__)
+        if not isinstance(kind, str) or not kind:
+            raise TypeError(f"{cls.__qualname__}.kind must be a non-empty string")
+        known = EVENT_TYPES.get(kind)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise TypeError(
+                f"event kind {kind!r} of {cls.__module__}.{cls.__qualname__} is already "
+                f"used by {known.__module__}.{known.__qualname__}"
+            )
+        cls.kind = kind
+        EVENT_TYPES[kind] = cls
+
+
+class StateSource(StrEnum):
+    """Where a (re)started rank's training state came from."""
+
+    INITIAL = "initial"  # fresh initialisation, nothing to load
+    CHECKPOINT = "checkpoint"  # periodic or last-words checkpoint on storage
+    REPLICA = "replica"  # broadcast from a healthy replica over the new process group
+    MEMORY = "memory"  # the process survived and kept its state (online recovery)
+
+
+# -- the job's life ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobSubmitted(Event):
+    """The job was accepted and is about to be placed."""
+
+    job: str
+    pods: tuple[str, ...]
+    world_size: int
+    total_steps: int | None = None
+    strategies: tuple[Strategy, ...] = ()
+    spec_path: str = ""
+
+
+@dataclass(frozen=True)
+class JobSucceeded(Event):
+    """Training finished: the last step committed."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class JobFailed(Event):
+    """The job gave up; ``reason`` is the sentence a user reads."""
+
+    reason: str
+    step: int | None = None
+
+
+# -- starting a generation -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodPlaced(Event):
+    """The scheduler bound a pod to a node and some of its devices."""
+
+    pod: str
+    node: str
+    devices: tuple[int, ...]
+    generation: int
+
+
+@dataclass(frozen=True)
+class ProcessesStarted(Event):
+    """A pod's agent started (or restarted) training processes for these ranks."""
+
+    pod: str
+    node: str
+    ranks: tuple[int, ...]
+    pids: tuple[int, ...]
+    generation: int
+
+
+@dataclass(frozen=True)
+class CommunicationReady(Event):
+    """Every member of a generation joined its process group."""
+
+    generation: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class StateLoaded(Event):
+    """Every rank of a generation holds consistent training state as of ``step``."""
+
+    generation: int
+    step: int
+    source: StateSource
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FirstStepCommitted(Event):
+    """The first optimizer step of a generation committed on every rank."""
+
+    generation: int
+    step: int
+
+
+@dataclass(frozen=True)
+class StepProgress(Event):
+    """Sparse progress marker (every N committed steps)."""
+
+    generation: int
+    step: int
+    step_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Event):
+    """A checkpoint of ``step`` became durable (its manifest was written)."""
+
+    step: int
+    path: str
+    duration_s: float
+    last_words: bool = False
+
+
+# -- faults and recovery -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultDetected(Event):
+    """A detector reported a fault.
+
+    ``occurred_at`` is the detector's best estimate of when the fault happened (the process
+    exit, the last heartbeat, the device poll that saw it); the record's ``at`` is when the
+    control plane learned of it. ``step`` is the job's last committed step at detection, when
+    known: the incident timeline derives the recomputed steps from it.
+    """
+
+    fault_id: str
+    source: str
+    code: str
+    level: str
+    occurred_at: float
+    step: int | None = None
+    pods: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class DecisionMade(Event):
+    """The policy chose how to handle a fault.
+
+    ``strategy`` is a rung of the ladder (a ``recover-strategy`` token, ``pod-rescheduling``,
+    ``job-rescheduling``, ``op-retry``, ``ignore``); ``commands`` are the policy's commands,
+    rendered for people (``"RestartRanks(ranks=(3,))"``).
+    """
+
+    fault_id: str
+    strategy: str
+    commands: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class PodsStopped(Event):
+    """These pods' processes are gone (SIGTERM within the grace period, or SIGKILL)."""
+
+    pods: tuple[str, ...]
+    graceful: bool
+    generation: int
+
+
+@dataclass(frozen=True)
+class DeviceIsolated(Event):
+    """A device was taken out of the schedulable pool."""
+
+    node: str
+    device: int
+    code: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeIsolated(Event):
+    """A whole node was taken out of the schedulable pool."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeviceReturned(Event):
+    """An isolated device went back to the pool (healthy again with autoStowing, or by hand)."""
+
+    node: str
+    device: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecoveryCompleted(Event):
+    """Training committed a step after an incident; ``phases_s`` are its measured phases."""
+
+    fault_id: str
+    strategy: str
+    generation: int
+    step: int
+    phases_s: Mapping[str, float] = field(default_factory=dict)
