@@ -1,0 +1,169 @@
+"""The local cluster as data: nodes with device slots, what is isolated, which pod is where.
+
+A :class:`Cluster` is a frozen value; every operation returns a new one, so the manager can
+keep the current state in one variable and tests can compare states. Nodes keep the order they
+were given in: placement tries them in that order, so list spare nodes last.
+
+Isolation is the scheduler's only notion of health: an isolated device or node receives no new
+pod. Isolating does not evict a pod already bound there; the recovery policy decides what
+happens to it and the manager calls :meth:`Cluster.release`. A device returns to the pool with
+:meth:`Cluster.return_device` when it is healthy again and the device plugin's ``autoStowing``
+is on, or when an operator returns it by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TypeVar
+
+#: (node name, device index)
+DeviceKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node and its number of device slots (0 for a node without accelerators)."""
+
+    name: str
+    devices: int
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a node needs a name")
+        if self.devices < 0:
+            raise ValueError(f"node {self.name}: devices must be >= 0, got {self.devices}")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A pod placed on a node, holding these device indexes."""
+
+    pod: str
+    node: str
+    devices: tuple[int, ...]
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _frozen(mapping: Mapping[K, V]) -> Mapping[K, V]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes, isolations (with the reason a user reads) and bindings (pod name -> binding)."""
+
+    nodes: tuple[Node, ...]
+    isolated_devices: Mapping[DeviceKey, str] = field(default_factory=dict)
+    isolated_nodes: Mapping[str, str] = field(default_factory=dict)
+    bindings: Mapping[str, Binding] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"node names must be unique; repeated: {', '.join(duplicates)}")
+        # Read-only views: a Cluster is a value.
+        object.__setattr__(self, "isolated_devices", _frozen(self.isolated_devices))
+        object.__setattr__(self, "isolated_nodes", _frozen(self.isolated_nodes))
+        object.__setattr__(self, "bindings", _frozen(self.bindings))
+
+    @classmethod
+    def of(cls, nodes: Mapping[str, int] | Iterable[Node]) -> Cluster:
+        """A healthy, empty cluster: ``Cluster.of({"node-0": 2, "node-1": 2})``."""
+        if isinstance(nodes, Mapping):
+            return cls(tuple(Node(name, count) for name, count in nodes.items()))
+        return cls(tuple(nodes))
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        known = ", ".join(n.name for n in self.nodes) or "none"
+        raise ValueError(f"no node {name!r} in the cluster (nodes: {known})")
+
+    def device_isolated(self, node: str, device: int) -> bool:
+        return (node, device) in self.isolated_devices
+
+    def healthy_devices(self, node: str) -> tuple[int, ...]:
+        """Device indexes of ``node`` that may receive a pod (none when the node is isolated)."""
+        n = self.node(node)
+        if n.name in self.isolated_nodes:
+            return ()
+        return tuple(d for d in range(n.devices) if (n.name, d) not in self.isolated_devices)
+
+    def pod_on(self, node: str) -> str | None:
+        """The pod bound to ``node``, if any (one pod per node)."""
+        for b in self.bindings.values():
+            if b.node == node:
+                return b.pod
+        return None
+
+    def node_of(self, pod: str) -> str | None:
+        b = self.bindings.get(pod)
+        return None if b is None else b.node
+
+    # -- operations ------------------------------------------------------------------------
+
+    def isolate_device(self, node: str, device: int, reason: str) -> Cluster:
+        """Take a device out of the pool; ``reason`` is shown to users ("code 80E01801")."""
+        self._check_device(node, device)
+        return replace(self, isolated_devices={**self.isolated_devices, (node, device): reason})
+
+    def return_device(self, node: str, device: int) -> Cluster:
+        """Put an isolated device back into the pool (no change when it is not isolated)."""
+        self._check_device(node, device)
+        if (node, device) not in self.isolated_devices:
+            return self
+        rest = {k: v for k, v in self.isolated_devices.items() if k != (node, device)}
+        return replace(self, isolated_devices=rest)
+
+    def isolate_node(self, node: str, reason: str) -> Cluster:
+        self.node(node)
+        return replace(self, isolated_nodes={**self.isolated_nodes, node: reason})
+
+    def return_node(self, node: str) -> Cluster:
+        self.node(node)
+        if node not in self.isolated_nodes:
+            return self
+        return replace(
+            self, isolated_nodes={k: v for k, v in self.isolated_nodes.items() if k != node}
+        )
+
+    def bind(self, bindings: Iterable[Binding]) -> Cluster:
+        """Record placed pods (replacing their previous bindings)."""
+        updated = dict(self.bindings)
+        for b in bindings:
+            self._check_bindable(b, updated)
+            updated[b.pod] = b
+        return replace(self, bindings=updated)
+
+    def release(self, pod: str) -> Cluster:
+        """Forget where a pod was (its processes are gone); no change for an unbound pod."""
+        if pod not in self.bindings:
+            return self
+        return replace(self, bindings={k: v for k, v in self.bindings.items() if k != pod})
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _check_device(self, node: str, device: int) -> None:
+        n = self.node(node)
+        if not 0 <= device < n.devices:
+            raise ValueError(
+                f"node {node} has devices 0-{n.devices - 1}; there is no device {device}"
+                if n.devices
+                else f"node {node} has no devices; there is no device {device}"
+            )
+
+    def _check_bindable(self, b: Binding, current: Mapping[str, Binding]) -> None:
+        for d in b.devices:
+            self._check_device(b.node, d)
+        for other in current.values():
+            if other.node == b.node and other.pod != b.pod:
+                raise ValueError(f"node {b.node} already runs pod {other.pod}; cannot bind {b.pod}")
