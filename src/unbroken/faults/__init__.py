@@ -1,0 +1,28 @@
+"""Faults as values: kinds, the seed's levels, the code table and escalation of repeats.
+
+Pure (no torch, no I/O beyond reading a code table file on request).
+"""
+
+from unbroken.faults.codes import (
+    DEFAULT_LEVELS,
+    CodeInfo,
+    CodeTable,
+    CodeTableError,
+    Escalation,
+)
+from unbroken.faults.escalation import escalate, repeats
+from unbroken.faults.fault import Fault, FaultKind, FaultLevel, worst
+
+__all__ = [
+    "DEFAULT_LEVELS",
+    "CodeInfo",
+    "CodeTable",
+    "CodeTableError",
+    "Escalation",
+    "Fault",
+    "FaultKind",
+    "FaultLevel",
+    "escalate",
+    "repeats",
+    "worst",
+]

@@ -1,0 +1,79 @@
+"""The recovery decision, pure: ``decide(state, event, config, now) -> Decision``.
+
+The decision table is in :mod:`unbroken.policy.decide`; rung feasibility, timeouts and caps in
+:mod:`unbroken.policy.ladder`. This package imports no asyncio, torch or sockets and reads no
+clock.
+"""
+
+from unbroken.policy.commands import (
+    Command,
+    DeviceRef,
+    DumpLastWords,
+    FailJob,
+    HotSwitch,
+    IsolateDevice,
+    IsolateNode,
+    RecoverOnSpare,
+    RescheduleJob,
+    ReschedulePods,
+    RestartInPlace,
+    RestartProcesses,
+    RetryOnline,
+    ScaleIn,
+)
+from unbroken.policy.decide import Decision, decide
+from unbroken.policy.events import (
+    Event,
+    FaultDetected,
+    Feasibility,
+    JobCompleted,
+    PodUnschedulable,
+    RecoveryCompleted,
+    RecoveryFailed,
+    ReplacementReady,
+    Tick,
+)
+from unbroken.policy.states import (
+    Budgets,
+    Failed,
+    JobState,
+    Recovering,
+    Rung,
+    Running,
+    Succeeded,
+)
+
+__all__ = [
+    "Budgets",
+    "Command",
+    "Decision",
+    "DeviceRef",
+    "DumpLastWords",
+    "Event",
+    "FailJob",
+    "Failed",
+    "FaultDetected",
+    "Feasibility",
+    "HotSwitch",
+    "IsolateDevice",
+    "IsolateNode",
+    "JobCompleted",
+    "JobState",
+    "PodUnschedulable",
+    "RecoverOnSpare",
+    "Recovering",
+    "RecoveryCompleted",
+    "RecoveryFailed",
+    "ReplacementReady",
+    "RescheduleJob",
+    "ReschedulePods",
+    "RestartInPlace",
+    "RestartProcesses",
+    "RetryOnline",
+    "Rung",
+    "Running",
+    "ScaleIn",
+    "Succeeded",
+    "Tick",
+    "decide",
+]

@@ -1,0 +1,89 @@
+"""Events the executor feeds to :func:`unbroken.policy.decide`: past facts.
+
+``at`` fields are wall-clock stamps (``time.time()`` units) of when the fact happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unbroken.faults import Fault
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """What the job manager found feasible when it reported a fault.
+
+    The defaults are the conservative answers (nothing process-level is possible; a pod may be
+    placed again), for an executor that cannot compute a field.
+    """
+
+    replica_for_lost_state: bool = False  # a healthy data-parallel replica holds every lost
+    #                                       rank's state
+    outside_update: bool = False  # all ranks stopped outside the optimizer update, or in a
+    #                               split the manager can repair
+    spare_node_free: bool = False  # a spare node with healthy devices is free now
+    fault_age_s: float = 0.0  # how old the fault was when reported
+    rank0_pod_faulty: bool = False  # the fault touches the pod of rank 0
+    pod_schedulable: bool = True  # the faulty pod(s) could be placed elsewhere now
+    elastic_possible: bool = False  # the job can continue without the lost data-parallel replica
+
+
+@dataclass(frozen=True)
+class FaultDetected:
+    fault: Fault
+    feasibility: Feasibility = Feasibility()
+
+
+@dataclass(frozen=True)
+class RecoveryCompleted:
+    """All ranks committed their first step after the recovery."""
+
+    at: float
+
+
+@dataclass(frozen=True)
+class RecoveryFailed:
+    """The rung being executed failed (replacement not placeable, repair failed, ...)."""
+
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class PodUnschedulable:
+    """A pod that was to be placed stayed pending."""
+
+    pod: str
+    at: float
+
+
+@dataclass(frozen=True)
+class ReplacementReady:
+    """The replacement pod of a ``recover`` rung is running; repair is under way."""
+
+    pod: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed; deadlines are checked against the ``now`` given to ``decide``."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class JobCompleted:
+    at: float
+
+
+Event = (
+    FaultDetected
+    | RecoveryCompleted
+    | RecoveryFailed
+    | PodUnschedulable
+    | ReplacementReady
+    | Tick
+    | JobCompleted
+)
