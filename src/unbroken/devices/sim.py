@@ -1,0 +1,249 @@
+"""The ``sim`` health provider: device faults injected by hand, from any process.
+
+Each node's device state is one JSON file, ``<state_dir>/<node>.json``::
+
+    {"format": "unbroken-sim-devices", "version": 1, "node": "node-1", "devices": 2,
+     "faults": {"0": {"code": "80E01801", "detail": "injected", "at": 1767225600.0}}}
+
+A device listed under ``faults`` is unhealthy with that code since ``at``; every other device
+is healthy. :func:`inject_device_fault` and :func:`clear_device_fault` (what
+``unbroken inject device`` runs) change a file under a per-node lock and replace it atomically
+(write a temporary file, then rename), so the provider, polling from the run's process, always
+reads a whole file. A file that is not valid state is reported with its path and the problem,
+never silently treated as healthy.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from unbroken.devices.health import DeviceHealth, DeviceStateError
+
+FORMAT = "unbroken-sim-devices"
+VERSION = 1
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """A fault injected into one simulated device."""
+
+    code: str
+    detail: str
+    at: float
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node's simulated devices: how many, and the faulty ones by index."""
+
+    node: str
+    devices: int
+    faults: Mapping[int, InjectedFault]
+
+    def health(self) -> tuple[DeviceHealth, ...]:
+        out = []
+        for d in range(self.devices):
+            fault = self.faults.get(d)
+            if fault is None:
+                out.append(DeviceHealth(self.node, d, healthy=True))
+            else:
+                out.append(
+                    DeviceHealth(self.node, d, False, fault.code, fault.detail, since_at=fault.at)
+                )
+        return tuple(out)
+
+
+class SimProvider:
+    """Health of simulated devices, read from ``state_dir`` at every poll.
+
+    Creates a healthy state file for each node that has none; an existing file (faults
+    injected before the run started) is kept when it describes the same number of devices.
+    """
+
+    def __init__(self, state_dir: Path, nodes: Mapping[str, int]) -> None:
+        self._dir = Path(state_dir)
+        self._nodes = dict(nodes)
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DeviceStateError(
+                f"cannot create simulated device state directory {self._dir}: {exc.strerror or exc}"
+            ) from None
+        for node, count in self._nodes.items():
+            if count < 0:
+                raise ValueError(f"node {node}: devices must be >= 0, got {count}")
+            path = state_path(self._dir, node)
+            with _locked(self._dir, node):
+                if not path.exists():
+                    _write(path, NodeState(node, count, {}))
+                    continue
+                existing = _read(path, node)
+                if existing.devices != count:
+                    raise DeviceStateError(
+                        f"{path}: simulated node {node} has {existing.devices} devices, but the "
+                        f"cluster gives it {count}; delete the file to start over"
+                    )
+
+    @property
+    def state_dir(self) -> Path:
+        return self._dir
+
+    def poll(self) -> tuple[DeviceHealth, ...]:
+        out: list[DeviceHealth] = []
+        for node in self._nodes:
+            out.extend(_read(state_path(self._dir, node), node).health())
+        return tuple(out)
+
+
+def state_path(state_dir: Path, node: str) -> Path:
+    """The state file of ``node`` (node names are checked: they become file names)."""
+    if not _NODE_NAME.fullmatch(node):
+        raise ValueError(
+            f"node name {node!r} is not usable for simulated devices: "
+            "use letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
+    return Path(state_dir) / f"{node}.json"
+
+
+def inject_device_fault(
+    state_dir: Path, node: str, device: int, code: str, detail: str = "", at: float | None = None
+) -> None:
+    """Make a simulated device faulty with ``code`` (replacing an earlier fault's code)."""
+    if not code or code.strip() != code:
+        raise ValueError(f"a device fault code must be a non-empty word, got {code!r}")
+    stamp = time.time() if at is None else at
+    with _locked(Path(state_dir), node):
+        state = _read_existing(Path(state_dir), node)
+        _check_device(state, device)
+        faults = {**state.faults, device: InjectedFault(code, detail, stamp)}
+        _write(state_path(Path(state_dir), node), NodeState(node, state.devices, faults))
+
+
+def clear_device_fault(state_dir: Path, node: str, device: int) -> bool:
+    """Make a simulated device healthy again; False when it was not faulty."""
+    with _locked(Path(state_dir), node):
+        state = _read_existing(Path(state_dir), node)
+        _check_device(state, device)
+        if device not in state.faults:
+            return False
+        faults = {d: f for d, f in state.faults.items() if d != device}
+        _write(state_path(Path(state_dir), node), NodeState(node, state.devices, faults))
+        return True
+
+
+def read_node_state(state_dir: Path, node: str) -> NodeState:
+    """The current state of one simulated node (for ``unbroken inject`` and tests)."""
+    return _read_existing(Path(state_dir), node)
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+def _read_existing(state_dir: Path, node: str) -> NodeState:
+    path = state_path(state_dir, node)
+    if not path.exists():
+        known = sorted(p.stem for p in state_dir.glob("*.json")) if state_dir.is_dir() else []
+        listed = ", ".join(known) if known else "none; is the run started?"
+        raise DeviceStateError(
+            f"no simulated node {node!r} under {state_dir} (simulated nodes: {listed})"
+        )
+    return _read(path, node)
+
+
+def _check_device(state: NodeState, device: int) -> None:
+    if not 0 <= device < state.devices:
+        span = f"devices 0-{state.devices - 1}" if state.devices else "no devices"
+        raise ValueError(f"node {state.node} has {span}; there is no device {device}")
+
+
+def _read(path: Path, node: str) -> NodeState:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DeviceStateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return _parse(json.loads(text), node)
+    except (ValueError, TypeError) as exc:
+        raise DeviceStateError(
+            f"{path}: malformed simulated device state ({exc}); fix it or delete the file"
+        ) from None
+
+
+def _parse(raw: Any, node: str) -> NodeState:
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object")
+    if raw.get("format") != FORMAT:
+        raise ValueError(f"'format' is {raw.get('format')!r}, expected {FORMAT!r}")
+    if raw.get("version") != VERSION:
+        raise ValueError(f"'version' is {raw.get('version')!r}, this unbroken reads {VERSION}")
+    if raw.get("node") != node:
+        raise ValueError(f"'node' is {raw.get('node')!r}, expected {node!r}")
+    devices = raw.get("devices")
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 0:
+        raise ValueError(f"'devices' is {devices!r}, expected a count >= 0")
+    faults_raw = raw.get("faults")
+    if not isinstance(faults_raw, dict):
+        raise ValueError(f"'faults' is {faults_raw!r}, expected an object")
+    faults: dict[int, InjectedFault] = {}
+    for key, value in faults_raw.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < devices):
+            raise ValueError(f"fault key {key!r} is not a device index below {devices}")
+        if not isinstance(value, dict):
+            raise ValueError(f"fault of device {key} is {value!r}, expected an object")
+        code, detail, at = value.get("code"), value.get("detail", ""), value.get("at")
+        if not isinstance(code, str) or not code:
+            raise ValueError(f"fault of device {key}: 'code' is {code!r}, expected a string")
+        if not isinstance(detail, str):
+            raise ValueError(f"fault of device {key}: 'detail' is {detail!r}, expected a string")
+        if not isinstance(at, int | float) or isinstance(at, bool):
+            raise ValueError(f"fault of device {key}: 'at' is {at!r}, expected a time")
+        faults[int(key)] = InjectedFault(code, detail, float(at))
+    return NodeState(node, devices, faults)
+
+
+def _write(path: Path, state: NodeState) -> None:
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "node": state.node,
+        "devices": state.devices,
+        "faults": {
+            str(d): {"code": f.code, "detail": f.detail, "at": f.at}
+            for d, f in sorted(state.faults.items())
+        },
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def _locked(state_dir: Path, node: str) -> Iterator[None]:
+    """Serialise read-modify-write of one node's file across processes."""
+    lock_path = state_path(state_dir, node).with_suffix(".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise DeviceStateError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
