@@ -1,11 +1,12 @@
-"""Device health: providers, the transition monitor and its polling thread, plugin flags.
+"""Device health: providers, the transition monitor and its polling thread.
 
 Providers implement :class:`HealthProvider` (``poll() -> tuple[DeviceHealth, ...]``). The
 ``sim`` provider reads faults injected with :func:`inject_device_fault` /
 :func:`clear_device_fault` from any process. :class:`DeviceWatcher` polls a provider every
 ``-listWatchPeriod`` and reports :class:`DeviceFaulted` / :class:`DeviceRecovered`; with
 ``-autoStowing`` on, the manager returns a recovered device to the pool, otherwise it stays
-isolated until an operator returns it (see :mod:`unbroken.devices.plugin`).
+isolated until an operator returns it. The device plugin flags themselves are read by the
+cluster spec (:class:`unbroken.spec.cluster.DevicePlugin`).
 """
 
 from unbroken.devices.health import (
@@ -17,7 +18,6 @@ from unbroken.devices.health import (
     HealthProvider,
 )
 from unbroken.devices.monitor import DeviceMonitor, DeviceWatcher
-from unbroken.devices.plugin import DevicePluginFlags, HotReset, parse_device_plugin_args
 from unbroken.devices.sim import (
     InjectedFault,
     NodeState,
@@ -33,18 +33,15 @@ __all__ = [
     "DeviceFaulted",
     "DeviceHealth",
     "DeviceMonitor",
-    "DevicePluginFlags",
     "DeviceRecovered",
     "DeviceStateError",
     "DeviceWatcher",
     "HealthProvider",
-    "HotReset",
     "InjectedFault",
     "NodeState",
     "SimProvider",
     "clear_device_fault",
     "inject_device_fault",
-    "parse_device_plugin_args",
     "read_node_state",
     "state_path",
 ]

@@ -11,11 +11,13 @@ error), or the callback raises, the watcher logs it once, reports it to ``on_err
 stops: it does not spin on a broken source. The caller decides what a blind device watch
 means for the job.
 
-What the manager does with the events depends on the device plugin's ``autoStowing`` flag
-(:class:`unbroken.devices.plugin.DevicePluginFlags`): a ``DeviceFaulted`` whose level isolates
-becomes ``Cluster.isolate_device``; on ``DeviceRecovered`` with ``autoStowing`` on, the device
-goes back to the pool (``Cluster.return_device``); with it off, the device stays isolated until
-an operator returns it.
+The period is the device plugin's ``-listWatchPeriod`` (3-1800 s, default 5; the cluster spec,
+:class:`unbroken.spec.cluster.DevicePlugin`, checks the range; tests pass shorter periods here).
+What the manager does with the events depends on the plugin's ``-autoStowing`` flag: a
+``DeviceFaulted`` whose level isolates becomes ``Cluster.isolate_device``; on
+``DeviceRecovered`` with ``autoStowing`` on (the default), the device goes back to the pool
+(``Cluster.return_device``); with it off, the device stays isolated after it recovers until an
+operator returns it, as the reference's device plugin does.
 """
 
 from __future__ import annotations
