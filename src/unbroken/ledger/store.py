@@ -236,9 +236,12 @@ def _open(path: Path, create: bool) -> sqlite3.Connection:
         raise LedgerError(f"cannot open ledger {path}: {exc}") from None
     try:
         _check_or_create_schema(conn, path, create)
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.Error as exc:
         conn.close()
-        raise LedgerError(f"{path} is not an unbroken ledger: {exc}") from None
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            raise LedgerError(f"{path} is not an unbroken ledger: {exc}") from None
+        raise LedgerError(f"cannot open ledger {path}: {exc}") from None
     except BaseException:
         conn.close()
         raise
