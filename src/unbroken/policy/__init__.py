@@ -1,6 +1,6 @@
 """The recovery decision, pure: ``decide(state, event, config, now) -> Decision``.
 
-The decision table is in :mod:`unbroken.policy.decide`; rung feasibility, timeouts and caps in
+The decision table is in :mod:`unbroken.policy.decision`; rung feasibility, timeouts and caps in
 :mod:`unbroken.policy.ladder`. This package imports no asyncio, torch or sockets and reads no
 clock.
 """
@@ -21,7 +21,7 @@ from unbroken.policy.commands import (
     RetryOnline,
     ScaleIn,
 )
-from unbroken.policy.decide import Decision, decide
+from unbroken.policy.decision import Decision, decide
 from unbroken.policy.events import (
     Event,
     FaultDetected,

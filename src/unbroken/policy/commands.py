@@ -1,6 +1,6 @@
 """Commands the decision hands to the executor: imperatives.
 
-A :class:`~unbroken.policy.decide.Decision` carries its commands as an ordered tuple: the
+A :class:`~unbroken.policy.decision.Decision` carries its commands as an ordered tuple: the
 executor carries them out in that order, each finished (or failed and reported) before the next
 starts. A failed ``DumpLastWords`` does not stop the commands after it (the periodic checkpoint
 is still there). A new decision's commands supersede the unfinished work of the previous rung

@@ -1,4 +1,4 @@
-"""Events the executor feeds to :func:`unbroken.policy.decide`: past facts.
+"""Events the executor feeds to :func:`unbroken.policy.decision`: past facts.
 
 ``at`` fields are wall-clock stamps (``time.time()`` units) of when the fact happened.
 """

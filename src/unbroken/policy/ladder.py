@@ -1,7 +1,7 @@
 """Which rungs of the recovery ladder are configured, feasible and within budget: pure.
 
 :func:`plan` answers, for the faults of one incident, the ordered rungs to try. The rules are
-the decision table in :mod:`unbroken.policy.decide`; the timeouts and caps the table uses are
+the decision table in :mod:`unbroken.policy.decision`; the timeouts and caps the table uses are
 the constants below.
 """
 
@@ -76,7 +76,9 @@ def plan(
     ]
     if below is not None:
         floor = below.order
-        rungs = [r for r in rungs if r.order > floor or (r is below and r in _REPEATABLE)]
+        kept = [r for r in rungs if r.order > floor or (r is below and r in _REPEATABLE)]
+        why_not += [f"{r}: not below {below} on the ladder" for r in rungs if r not in kept]
+        rungs = kept
     dump = (not rungs or not rungs[0].process_level) and dump_feasible(feasibility, config)
     return Plan(tuple(rungs), dump, tuple(why_not))
 
@@ -150,7 +152,7 @@ def _process_rungs(
         Strategy.RECOVER_IN_PLACE,
         Rung.RECOVER_IN_PLACE,
         common
-        + ([] if in_place_ok else ["not every fault is a software fault"])
+        + ([] if in_place_ok else ["not every fault is a process exit or exception"])
         + (
             []
             if age_s < RECOVER_IN_PLACE_MAX_AGE_S

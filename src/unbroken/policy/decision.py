@@ -42,6 +42,9 @@ The ladder (for F; the first rung that is configured, feasible and within budget
 Process level, only when ``recover-strategy`` is present, ``process-recover-enable=on`` (not
 ``pause``), ``fault-scheduling=grace`` and every rank stopped outside the optimizer update:
 
+- L0  any of these missing: no process-level rung; straight to the exit path (the reason says
+  which condition was missing).
+
 - L1  ``retry``: every fault retryable (``device-memory`` or ``link``, level at most
   ``RestartBusiness``) and names its ranks; a healthy replica exists. ``RetryOnline(ranks)``.
 - L2  ``recover-in-place``: every fault a ``process-exit`` or ``exception`` at most
