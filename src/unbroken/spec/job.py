@@ -37,10 +37,20 @@ from pathlib import Path
 from unbroken.spec import document
 from unbroken.spec.document import Map, Node, Scalar, as_map, as_seq, as_str
 from unbroken.spec.faulthandling import Located, located_strings, read_fault_handling
-from unbroken.spec.knobs import FaultHandling, Framework
+from unbroken.spec.knobs import FaultHandling, Framework, Strategy, SubHealthyStrategy
 from unbroken.spec.launcher import OPERATOR_VARIABLES, LauncherArgs, LauncherKind, Word
 from unbroken.spec.problems import Problems
-from unbroken.spec.replicas import REPLICA_ORDER, Port, RawReplica, ReplicaType, read_replica
+from unbroken.spec.replicas import (
+    LAST_WORDS_PORT,
+    LAST_WORDS_PORT_NAME,
+    REPLICA_ORDER,
+    TASKD_PORT,
+    TASKD_PORT_NAME,
+    Port,
+    RawReplica,
+    ReplicaType,
+    read_replica,
+)
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -172,6 +182,7 @@ def _read_job(root: Node, source: Path, problems: Problems) -> JobSpec:
         interval,
         problems,
     )
+    _reserved_ports(raws, fault_handling, problems)
     problems.raise_if_any()
     lines = {item.field: item.line for item in (*labels.values(), *annotations.values())}
     return JobSpec(
@@ -187,6 +198,44 @@ def _read_job(root: Node, source: Path, problems: Problems) -> JobSpec:
         source=source,
         lines=lines,
     )
+
+
+def uses_taskd(fault_handling: FaultHandling) -> bool:
+    """Whether the job's pods take part in TaskD-style recovery and so expose ``taskd-port``."""
+    return (
+        fault_handling.pod_rescheduling
+        or any(s is not Strategy.EXIT for s in fault_handling.strategies)
+        or fault_handling.sub_healthy is SubHealthyStrategy.HOT_SWITCH
+    )
+
+
+def reserved_ports(fault_handling: FaultHandling) -> tuple[Port, ...]:
+    """The ports the operator adds to every pod of this job (if the template lacks them)."""
+    ports: list[Port] = []
+    if uses_taskd(fault_handling):
+        ports.append(Port(TASKD_PORT, TASKD_PORT_NAME))
+    if Strategy.DUMP in fault_handling.strategies:
+        ports.append(Port(LAST_WORDS_PORT, LAST_WORDS_PORT_NAME))
+    return tuple(ports)
+
+
+def _reserved_ports(
+    raws: list[RawReplica], fault_handling: FaultHandling, problems: Problems
+) -> None:
+    for reserved in reserved_ports(fault_handling):
+        for raw in raws:
+            for port in raw.ports:
+                same_number = port.container_port == reserved.container_port
+                same_name = port.name == reserved.name
+                if same_number != same_name:
+                    problems.error(
+                        raw.port_lines.get(port.container_port),
+                        f"{raw.path}.template.spec.containers.ports",
+                        f"port {port.container_port} named {port.name!r} clashes with the "
+                        f"operator's {reserved.name} {reserved.container_port}",
+                        allowed=f"containerPort {reserved.container_port} with name "
+                        f"{reserved.name}, or leave it out (the operator adds it)",
+                    )
 
 
 def _kind(top: Map, problems: Problems) -> JobKind:

@@ -39,6 +39,13 @@ class ReplicaType(StrEnum):
 
 REPLICA_ORDER = (ReplicaType.MASTER, ReplicaType.SCHEDULER, ReplicaType.WORKER)
 
+#: The port every pod of a job that uses TaskD-style recovery exposes (the seed's ``taskd-port``).
+TASKD_PORT = 9601
+TASKD_PORT_NAME = "taskd-port"
+#: The port on which a pod serves its last-words (``dump``) state to the job manager.
+LAST_WORDS_PORT = 9602
+LAST_WORDS_PORT_NAME = "lastwords-port"
+
 #: Env knobs read from the container env and from ``export`` lines of the command script.
 KNOB_NAMES = frozenset(
     {
