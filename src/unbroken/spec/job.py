@@ -126,7 +126,8 @@ def load_job(path: Path) -> JobSpec:
     every problem found."""
     problems = Problems(path)
     root = document.load(path, problems)
-    problems.raise_if_any()
+    if root is None:
+        problems.raise_if_any()
     assert root is not None
     return _read_job(root, path, problems)
 
@@ -135,7 +136,8 @@ def parse_job(text: str, source: Path) -> JobSpec:
     """Like :func:`load_job` for text already read (``source`` names it in messages)."""
     problems = Problems(source)
     root = document.parse(text, problems)
-    problems.raise_if_any()
+    if root is None:
+        problems.raise_if_any()
     assert root is not None
     return _read_job(root, source, problems)
 
@@ -156,7 +158,9 @@ def _read_job(root: Node, source: Path, problems: Problems) -> JobSpec:
     if metadata is None:
         problems.error(top.line, "metadata", "missing: the job needs metadata with a name")
         metadata = Map(path="metadata", line=top.line)
-    name = _name(metadata, problems)
+        name = "job"
+    else:
+        name = _name(metadata, problems)
     namespace = as_str(metadata.get("namespace"), problems) or "default"
     labels = located_strings(as_map(metadata.get("labels"), problems), problems)
     annotations = located_strings(as_map(metadata.get("annotations"), problems), problems)

@@ -1,0 +1,140 @@
+"""``unbroken plan FILE [--cluster FILE] [--json]``: what the operator will do for a job.
+
+Prints the effective recovery ladder, the modes and their Table 1 parameters, each pod's
+environment, ports and launcher line, and every warning; ``--json`` prints the same as one JSON
+object for machines. Exit 1 (problems on stderr) when the job or cluster YAML is not valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from unbroken.operator import Plan, PodPlan, plan
+from unbroken.spec import SpecError, load_cluster, load_job
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="show the recovery ladder, each pod's env and every warning for a job",
+        description="Show what the operator does for a job before any pod starts.",
+    )
+    parser.add_argument("file", type=Path, metavar="FILE", help="job YAML")
+    parser.add_argument("--cluster", type=Path, metavar="FILE", help="cluster YAML")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        job = load_job(args.file)
+        cluster = load_cluster(args.cluster, job)
+    except SpecError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+    result = plan(job, cluster)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render(result))
+    return 0
+
+
+def _launch_line(pod: PodPlan) -> str:
+    launcher = pod.launcher
+    if launcher.kind is None:
+        return "(no launcher line found in the container command)"
+    if launcher.wrapper is not None:
+        words = ["bash", launcher.wrapper]
+    else:
+        words = [str(launcher.kind)]
+        words += [
+            f"--nproc_per_node={launcher.nproc_per_node}",
+            f"--nnodes={launcher.nnodes}"
+            if launcher.min_nnodes is None
+            else f"--nnodes={launcher.min_nnodes}:{launcher.nnodes}",
+            f"--node_rank={launcher.node_rank}",
+            f"--master_addr={launcher.master_addr}",
+            f"--master_port={launcher.master_port}",
+            f"--max_restarts={launcher.max_restarts}",
+            f"--monitor_interval={launcher.monitor_interval_s:g}",
+        ]
+        words += [f"--{k}={v}" for k, v in launcher.options]
+    if launcher.script is not None:
+        words += [launcher.script, *launcher.script_args]
+    return shlex.join(words)
+
+
+def render(result: Plan) -> str:
+    job, cluster, fh = result.job, result.cluster, result.job.fault_handling
+    out: list[str] = []
+    out.append(
+        f"job {job.name} ({job.kind.value}, {job.framework.value}) from {job.source}: "
+        f"{job.nodes} nodes x {job.nproc_per_node} processes = world size {job.world_size}"
+    )
+    spare = cluster.nodes - job.nodes
+    out.append(
+        f"cluster: {cluster.nodes} nodes ({spare} spare) x {cluster.devices_per_node} devices, "
+        f"hotReset {int(cluster.hot_reset)}, listWatchPeriod {cluster.list_watch_period_s:g} s, "
+        f"autoStowing {'true' if cluster.auto_stowing else 'false'}"
+        + (f" from {cluster.source}" if cluster.source else " (defaults)")
+    )
+    out.append("")
+    out.append("recovery ladder (tried in this order):")
+    for number, rung in enumerate(result.ladder, 1):
+        detail = ""
+        if rung == "op-retry":
+            levels = ", ".join(sorted(level.value for level in fh.op_retry.enabled))
+            hold_ms, interval_ms = fh.op_retry.hold_s * 1000, fh.op_retry.interval_s * 1000
+            detail = (
+                f"levels {levels}; MaxCnt {fh.op_retry.max_count}, HoldTime {hold_ms:g} ms, "
+                f"IntervalTime {interval_ms:g} ms"
+            )
+        elif rung == "recover":
+            detail = f"waits {fh.wait_reschedule_s:g} s for the replacement pod"
+        elif rung == "job-rescheduling":
+            detail = f"fault-scheduling {fh.fault_scheduling.value}"
+            if fh.fault_scheduling.value == "grace":
+                detail += f", {fh.grace_s:g} s grace"
+            detail += f"; fault-retry-times {fh.fault_retry_times}"
+        elif rung == "pod-rescheduling":
+            detail = "only the faulty pods move; the others restart their processes in place"
+        out.append(f"  {number}. {rung}" + (f"  ({detail})" if detail else ""))
+    out.append(
+        f"  process-recover-enable {fh.process_recover.value}; subHealthyStrategy "
+        f"{fh.sub_healthy.value}; decision wait {fh.decision_wait_s:g} s; "
+        f"max_restarts {fh.max_restarts}; monitor_interval {fh.monitor_interval_s:g} s"
+    )
+    out.append("")
+    modes = sorted(
+        {r.mode for r in result.required}, key=lambda m: [r.mode for r in result.required].index(m)
+    )
+    out.append("Table 1 parameters of the chosen modes:" if modes else "no fault-handling modes")
+    for mode in modes:
+        out.append(f"  {mode.value}:")
+        for row in (r for r in result.required if r.mode is mode):
+            mark = "ok     " if row.present else "MISSING"
+            value = row.value if row.value is not None else "-"
+            out.append(f"    {mark} {row.parameter:<32} {value}  ({row.source})")
+    out.append("")
+    out.append("job labels: " + ", ".join(f"{k}={v}" for k, v in result.labels.items()))
+    out.append("")
+    out.append("pods:")
+    for pod in result.pods:
+        rank = f"node rank {pod.node_rank}" if pod.node_rank is not None else "no training ranks"
+        out.append(f"  {pod.name}  ({pod.replica_type.value}, {rank}, {pod.devices} devices)")
+        out.append(f"    launch: {_launch_line(pod)}")
+        ports = ", ".join(f"{p.container_port}/{p.name or '-'}" for p in pod.ports) or "-"
+        out.append(f"    ports: {ports}")
+        out.append("    env:")
+        out.extend(f"      {k}={v}" for k, v in pod.env.items())
+    out.append("")
+    if result.warnings:
+        out.append("warnings:")
+        out.extend(f"  - {w}" for w in result.warnings)
+    else:
+        out.append("warnings: none")
+    return "\n".join(out)
