@@ -32,7 +32,7 @@ Running
   is isolated. Charged to the hardware cap.
 - R8  ``SubHealth``, ``graceExit``: as R7 with ``grace_s`` (under ``fault-scheduling=grace``),
   preceded by ``DumpLastWords`` when ``dump`` is configured, the process level is on and the
-  ranks are outside the optimizer update.
+  ranks are outside the optimizer update (no replica is needed: no rank has lost its state).
 - R9  ``SubHealth`` with ``forceExit``/``graceExit`` when rescheduling is off or the hardware
   cap is reached: nothing (the reason says why).
 - R10 stopping fault: an incident starts; the ladder below picks the first rung.
@@ -62,7 +62,8 @@ configured, the process level is on, a replica exists, the ranks are outside the
 no dump was made in this incident yet:
 
 - L5  rescheduling allowed: ``fault-scheduling`` is ``force`` or ``grace`` and, for F with a
-  hardware fault (any kind but ``process-exit``/``exception``/``hang``), fewer than
+  hardware fault (anything but a ``process-exit``/``exception``/``hang`` at ``RestartRequest``
+  or ``RestartBusiness``), fewer than
   ``HARDWARE_RESCHEDULE_CAP`` hardware reschedules since the last recovery that committed a
   step; for software-only F, fewer software reschedules than ``fault-retry-times`` (0: none).
   An escalation from pod level to job level is not charged again.

@@ -41,6 +41,7 @@ HARDWARE_RESCHEDULE_CAP = 8
 
 _IN_PLACE_KINDS = frozenset({FaultKind.PROCESS_EXIT, FaultKind.EXCEPTION})
 _REPEATABLE = frozenset({Rung.PROCESS_RESTART, Rung.JOB_RESCHEDULE})
+_SOFTWARE_LEVELS = frozenset({FaultLevel.RESTART_REQUEST, FaultLevel.RESTART_BUSINESS})
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def plan(
     """
     why_not: list[str] = []
     rungs = [
-        *_process_rungs(faults, feasibility, config, age_s, why_not),
+        *_process_rungs(faults, feasibility, config, age_s, below, why_not),
         *_exit_rungs(faults, feasibility, config, budgets, free_reschedule, why_not),
     ]
     if below is not None:
@@ -110,8 +111,13 @@ def _process_rungs(
     feasibility: Feasibility,
     config: FaultHandling,
     age_s: float,
+    below: Rung | None,
     why_not: list[str],
 ) -> list[Rung]:
+    """The configured, feasible process-level rungs; nothing is said about rungs at or above
+    ``below`` (they were tried or skipped earlier in the incident)."""
+    if below is not None and below.order >= Rung.ELASTIC_TRAINING.order:
+        return []
     gate = process_gate(config)
     if gate is not None:
         if config.strategies:
@@ -127,7 +133,7 @@ def _process_rungs(
     rungs: list[Rung] = []
 
     def consider(strategy: Strategy, rung: Rung, problems: list[str]) -> None:
-        if strategy not in configured:
+        if strategy not in configured or (below is not None and rung.order <= below.order):
             return
         if problems:
             why_not.append(f"{strategy}: {', '.join(problems)}")
@@ -247,8 +253,12 @@ def _restarts_spent(pod: str, config: FaultHandling, budgets: Budgets) -> bool:
 
 
 def is_hardware(faults: Sequence[Fault]) -> bool:
-    """Any fault not of the training software (charged to the hardware reschedule cap)."""
-    return any(not f.kind.software for f in faults)
+    """Any fault that is not a plain software fault (charged to the hardware reschedule cap).
+
+    A software fault is a ``process-exit``, ``exception`` or ``hang`` at ``RestartRequest`` or
+    ``RestartBusiness``; anything else involves a device, a node or a link.
+    """
+    return any(not (f.kind.software and f.level in _SOFTWARE_LEVELS) for f in faults)
 
 
 def needs_placement(faults: Sequence[Fault]) -> bool:

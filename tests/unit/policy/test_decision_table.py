@@ -675,7 +675,7 @@ ROWS = {
         RecoveryFailed("repair failed", NOW + 5.0),
         proc(Strategy.RETRY, Strategy.RECOVER),
         (RecoverOnSpare("worker-1", (3,), (), ()),),
-        "retry failed: repair failed: recover (worker-1) (skipped: retry: not below retry",
+        "retry failed: repair failed: recover (worker-1)",
         Recovering,
         lambda s: isinstance(s, Recovering) and s.generation == 2 and s.incident_at == NOW,
         now=NOW + 5.0,
@@ -832,7 +832,7 @@ ROWS = {
             RecoverOnSpare("worker-1", (3,), (), ()),
             RecoverOnSpare("worker-2", (5,), (), ()),
         ),
-        "recover-in-place: not below recover-in-place on the ladder",
+        "rank 5 during recover-in-place: recover (worker-1, worker-2)",
         Recovering,
     ),
     "V7-restart-both": Row(
