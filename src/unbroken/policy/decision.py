@@ -86,13 +86,15 @@ Recovering
 - V3  a failed or timed-out hot switch: ``Running`` (training goes on, sub-healthy).
 - V4  ``Tick`` before the deadline: nothing.
 - V5  ``ReplacementReady`` during ``recover``: the deadline becomes now + ``REPAIR_TIMEOUT_S``.
-- V6  ``PodUnschedulable`` during in-pod restart or job-level rescheduling, ``ReplacementReady``
-  during any other rung: nothing (the rung's deadline decides).
+- V6  ``PodUnschedulable`` during any other rung (a pending pod of job-level rescheduling may
+  still be placed), ``ReplacementReady`` during any rung but ``recover``: nothing (the rung's
+  deadline decides).
 - V7  a second stopping fault: it joins F; the ladder again for F with the new feasibility,
   strictly below the current rung (in-pod restart and job level may repeat, charged). During a
   hot switch, the switch is abandoned and the ladder starts from the top for the new fault.
-- V8  a fault already in F, or at ``NotHandle`` or ``SubHealth``: nothing; ``PreSeparateNPU``:
-  as R4.
+- V8  a fault already in F, or reported again (same kind and pod, ranks already named, no
+  worse level, stamped no later than the current rung's decision), or at ``NotHandle`` or
+  ``SubHealth``: nothing; ``PreSeparateNPU``: as R4.
 - V9  ``JobCompleted``: ``Succeeded``.
 
 The rank-0 pod
@@ -236,6 +238,7 @@ def _sub_health(
                 feasibility=feasibility,
                 rung=Rung.HOT_SWITCH,
                 incident_at=now,
+                rung_at=now,
                 deadline_at=now + ladder.HOT_SWITCH_TIMEOUT_S,
             )
             command = HotSwitch(fault.pod, fault.node, fault.device)
@@ -299,7 +302,7 @@ def _recovering(state: Recovering, event: Event, config: FaultHandling, now: flo
 def _fault_while_recovering(
     state: Recovering, fault: Fault, feasibility: Feasibility, config: FaultHandling, now: float
 ) -> Decision:
-    if fault in state.faults:
+    if _already_known(fault, state):
         return Decision(state, (), f"{fault.describe()}: already being recovered")
     quiet = _quiet_fault(state, fault)
     if quiet is not None:
@@ -319,6 +322,24 @@ def _fault_while_recovering(
         state.dumped,
     )
     return _start(incident, config, now, below=state.rung, free=False, prefix=prefix)
+
+
+def _already_known(fault: Fault, state: Recovering) -> bool:
+    """Row V8: the same fault reported again (another detector, or a repeat), not a new one.
+
+    Same kind and pod as a fault of the incident, on ranks it already names, no worse, and
+    stamped no later than the decision of the current rung: a fault after that decision is a
+    new failure (for example the restarted process crashing again).
+    """
+    if fault in state.faults:
+        return True
+    return fault.at <= state.rung_at and any(
+        known.kind is fault.kind
+        and known.pod == fault.pod
+        and set(fault.ranks) <= set(known.ranks)
+        and fault.level.severity <= known.level.severity
+        for known in state.faults
+    )
 
 
 def _rung_failed(state: Recovering, why: str, config: FaultHandling, now: float) -> Decision:
@@ -451,6 +472,7 @@ def _begin_rung(
         feasibility=incident.feasibility,
         rung=rung,
         incident_at=incident.incident_at,
+        rung_at=now,
         deadline_at=now + timeout_s,
         remaining=remaining,
         dumped=incident.dumped or dump,

@@ -97,7 +97,8 @@ class Recovering:
 
     ``faults``: the incident's faults (a fault during recovery joins them). ``feasibility``:
     the latest the manager reported. ``incident_at``: when the incident's first decision was
-    made. ``deadline_at``: when the rung counts as failed. ``remaining``: the rungs planned
+    made; ``rung_at``: when this rung was decided. ``deadline_at``: when the rung counts as
+    failed. ``remaining``: the rungs planned
     after this one (re-planned on failure, since budgets and feasibility change).
     ``dumped``: last words were already saved in this incident.
     """
@@ -108,6 +109,7 @@ class Recovering:
     feasibility: Feasibility
     rung: Rung
     incident_at: float
+    rung_at: float
     deadline_at: float
     remaining: tuple[Rung, ...] = ()
     dumped: bool = False

@@ -130,6 +130,7 @@ def recovering(
         feasibility=ALL,
         rung=rung,
         incident_at=NOW,
+        rung_at=NOW,
         deadline_at=deadline_at,
     )
 
@@ -868,6 +869,24 @@ ROWS = {
         (),
         "already being recovered",
         Recovering,
+    ),
+    "V8-reported-again": Row(
+        recovering(Rung.RECOVER_IN_PLACE, crash(ranks=(2, 3))),
+        fault(dataclasses.replace(crash(ranks=(3,)), code="signal:SIGKILL", at=NOW - 1.0)),
+        proc(Strategy.RECOVER_IN_PLACE, Strategy.RECOVER),
+        (),
+        "already being recovered",
+        Recovering,
+        rung_is(Rung.RECOVER_IN_PLACE),
+    ),
+    "V7-crashed-again-is-new": Row(
+        recovering(Rung.RECOVER_IN_PLACE, crash(ranks=(2, 3))),
+        fault(crash(ranks=(3,), at=NOW + 20.0)),
+        proc(Strategy.RECOVER_IN_PLACE, Strategy.RECOVER),
+        (RecoverOnSpare("worker-1", (2, 3), (), ()),),
+        "during recover-in-place: recover (worker-1)",
+        Recovering,
+        now=NOW + 20.0,
     ),
     "V8-not-handle": Row(
         recovering(Rung.RETRY, uce()),
