@@ -44,7 +44,6 @@ Process level, only when ``recover-strategy`` is present, ``process-recover-enab
 
 - L0  any of these missing: no process-level rung; straight to the exit path (the reason says
   which condition was missing).
-
 - L1  ``retry``: every fault retryable (``device-memory`` or ``link``, level at most
   ``RestartBusiness``) and names its ranks; a healthy replica exists. ``RetryOnline(ranks)``.
 - L2  ``recover-in-place``: every fault a ``process-exit`` or ``exception`` at most
@@ -61,12 +60,12 @@ Exit path (``exit`` is always implied). ``DumpLastWords`` comes first when ``dum
 configured, the process level is on, a replica exists, the ranks are outside the update, and
 no dump was made in this incident yet:
 
-- L5  rescheduling allowed: ``fault-scheduling`` is ``force`` or ``grace`` and, for F with a
-  hardware fault (anything but a ``process-exit``/``exception``/``hang`` at ``RestartRequest``
-  or ``RestartBusiness``), fewer than
-  ``HARDWARE_RESCHEDULE_CAP`` hardware reschedules since the last recovery that committed a
-  step; for software-only F, fewer software reschedules than ``fault-retry-times`` (0: none).
-  An escalation from pod level to job level is not charged again.
+- L5  rescheduling allowed: ``fault-scheduling`` is ``force`` or ``grace`` and the budget
+  holds. For F with a hardware fault (anything but a ``process-exit``/``exception``/``hang``
+  at ``RestartRequest`` or ``RestartBusiness``): fewer than ``HARDWARE_RESCHEDULE_CAP``
+  hardware reschedules since the last recovery that committed a step. For software-only F:
+  fewer software reschedules over the job's life than ``fault-retry-times`` (0: none). An
+  escalation from pod level to job level is not charged again.
   - L5a ``pod-rescheduling=on``, faults name their pods and the pods are schedulable:
     ``ReschedulePods``.
   - L5b otherwise: ``RescheduleJob``.
@@ -96,6 +95,20 @@ Recovering
   worse level, stamped no later than the current rung's decision), or at ``NotHandle`` or
   ``SubHealth``: nothing; ``PreSeparateNPU``: as R4.
 - V9  ``JobCompleted``: ``Succeeded``.
+- V10 an outcome event naming another ``generation`` than the current rung's: stale, nothing.
+
+Budgets and timeouts
+--------------------
+
+An incident runs from its first stopping fault to ``Running``, ``Failed`` or ``Succeeded``. The
+ladder only descends within an incident, so each process-level rung runs at most once per
+incident; in-pod restarts are bounded by ``max_restarts`` per pod (counted since the pod was
+last placed), software reschedules by ``fault-retry-times`` (the reference's unconditional
+retries of business faults), hardware reschedules by ``HARDWARE_RESCHEDULE_CAP`` without
+progress (isolation removes the bad part each time; the cap ends a loop of placements that
+fail before a step commits). Each rung has a deadline: ``wait_reschedule_s`` for ``recover``,
+``decision_wait_s`` for ``elastic-training``, and the constants of :mod:`unbroken.policy.ladder`
+for the others (``grace_s`` and ``DUMP_TIMEOUT_S`` are added where they apply).
 
 The rank-0 pod
 --------------
@@ -266,6 +279,17 @@ def _sub_health(
 
 def _recovering(state: Recovering, event: Event, config: FaultHandling, now: float) -> Decision:
     rung = state.rung
+    if (
+        isinstance(event, RecoveryCompleted | RecoveryFailed | PodUnschedulable | ReplacementReady)
+        and event.generation is not None
+        and event.generation != state.generation
+    ):
+        return Decision(
+            state,
+            (),
+            f"stale {_name(event)} of generation {event.generation} ignored "
+            f"({rung} is generation {state.generation})",
+        )
     match event:
         case FaultDetected(fault=fault, feasibility=feasibility):
             return _fault_while_recovering(state, fault, feasibility, config, now)

@@ -40,6 +40,7 @@ class RecoveryCompleted:
     """All ranks committed their first step after the recovery."""
 
     at: float
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RecoveryFailed:
 
     reason: str
     at: float
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class PodUnschedulable:
 
     pod: str
     at: float
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class ReplacementReady:
 
     pod: str
     at: float
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
