@@ -57,8 +57,9 @@ Process level, only when ``recover-strategy`` is present, ``process-recover-enab
   time the paused healthy ranks wait for the new membership: ``MINDIO_WAIT_MINDX_TIME``).
 
 Exit path (``exit`` is always implied). ``DumpLastWords`` comes first when ``dump`` is
-configured, the process level is on, a replica exists, the ranks are outside the update, and
-no dump was made in this incident yet:
+configured, the process level is on, a replica exists, the ranks are outside the update, no
+dump was made in this incident yet, and no rung that stopped the processes (in-pod restart,
+rescheduling) ran before in it:
 
 - L5  rescheduling allowed: ``fault-scheduling`` is ``force`` or ``grace`` and the budget
   holds. For F with a hardware fault (anything but a ``process-exit``/``exception``/``hang``

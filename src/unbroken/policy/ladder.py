@@ -80,7 +80,11 @@ def plan(
         kept = [r for r in rungs if r.order > floor or (r is below and r in _REPEATABLE)]
         why_not += [f"{r}: not below {below} on the ladder" for r in rungs if r not in kept]
         rungs = kept
-    dump = (not rungs or not rungs[0].process_level) and dump_feasible(feasibility, config)
+    # Last words need the healthy processes alive: not after a rung that stopped them.
+    alive = below is None or below.process_level
+    dump = (
+        alive and (not rungs or not rungs[0].process_level) and dump_feasible(feasibility, config)
+    )
     return Plan(tuple(rungs), dump, tuple(why_not))
 
 

@@ -185,6 +185,8 @@ class Tracker:
     restarts: dict[str, int] = field(default_factory=dict)
     charged: int = 0
     charged_since_progress: int = 0
+    stopped: bool = False  # a rung of this incident stopped the processes
+    dumped: bool = False  # last words were saved in this incident
 
     def observe(self, before: JobState, event: Event, decision: Decision, now: float) -> None:
         config = self.config
@@ -211,12 +213,17 @@ class Tracker:
                     assert process_level and Strategy.ELASTIC_TRAINING in config.strategies
                 case DumpLastWords():
                     assert process_level and Strategy.DUMP in config.strategies
+                    assert not self.stopped, "last words after the processes were stopped"
+                    assert not self.dumped, "last words twice in one incident"
+                    self.dumped = True
                 case HotSwitch():
                     assert config.sub_healthy is SubHealthyStrategy.HOT_SWITCH
                 case RestartProcesses(pod=pod):
+                    self.stopped = True
                     self.restarts[pod] = self.restarts.get(pod, 0) + 1
                     assert self.restarts[pod] <= config.max_restarts
                 case ReschedulePods(pods=pods, grace_s=grace_s):
+                    self.stopped = True
                     assert config.pod_rescheduling
                     assert config.fault_scheduling is not FaultScheduling.OFF
                     assert grace_s is None or config.fault_scheduling is FaultScheduling.GRACE
@@ -224,6 +231,7 @@ class Tracker:
                         self.restarts.pop(pod, None)
                     self._charge(escalation=False)
                 case RescheduleJob(grace_s=grace_s):
+                    self.stopped = True
                     assert config.fault_scheduling is not FaultScheduling.OFF
                     assert grace_s is None or config.fault_scheduling is FaultScheduling.GRACE
                     self.restarts.clear()
@@ -234,6 +242,8 @@ class Tracker:
                     assert command is decision.commands[-1]
         if isinstance(event, RecoveryCompleted) and isinstance(before, Recovering):
             self.charged_since_progress = 0
+        if not isinstance(decision.state, Recovering):
+            self.stopped = self.dumped = False  # the incident is over
         assert self.charged_since_progress <= config.fault_retry_times + HARDWARE_RESCHEDULE_CAP
         self._check_state(before, decision.state, now, process_level)
 
