@@ -199,6 +199,8 @@ def plan(job: JobSpec, cluster: ClusterSpec) -> Plan:
                 master_addr=addr,
                 master_port=port,
                 nnodes=job.nodes,
+                max_restarts=job.fault_handling.max_restarts,
+                monitor_interval_s=job.fault_handling.monitor_interval_s,
             )
             pods.append(
                 PodPlan(

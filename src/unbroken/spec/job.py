@@ -53,7 +53,7 @@ from unbroken.spec.replicas import (
 )
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+_VAR = re.compile(r"\$[{(]?([A-Za-z_][A-Za-z0-9_]*)[})]?")
 _ACCELERATOR_WORDS = ("auto", "gpu", "cpu", "xpu", "npu")
 
 

@@ -5,7 +5,9 @@ or ``args: [script]`` alone) or a plain argv (``command: [torchrun, ...]``). Thi
 script the way a shell would, as far as it matters here:
 
 - ``NAME=value`` and ``export NAME=value`` lines are variable assignments; ``$NAME``/``${NAME}``
-  later in the script expand to them (also the container env, passed in). A variable that is the
+  later in the script expand to them (also the container env, passed in, which Kubernetes also
+  substitutes for ``$(NAME)``). Assignments to the operator's variables (``MASTER_ADDR``, ...)
+  do not replace them: the operator's per-pod value stands. A variable that is the
   whole word expands with word splitting, so the seed's
   ``DISTRIBUTED_ARGS="--nproc_per_node $GPUS_PER_NODE ..."`` then ``torchrun $DISTRIBUTED_ARGS
   train.py`` works.
@@ -113,7 +115,10 @@ _MSRUN_VALUES = frozenset(
     }
 )
 
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+# $NAME, ${NAME}, and $(NAME): Kubernetes expands the last in command and args from the env.
+_VAR = re.compile(
+    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|\(([A-Za-z_][A-Za-z0-9_]*)\)|([A-Za-z_][A-Za-z0-9_]*))"
+)
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash"})
 _KEYWORDS = frozenset({"then", "else", "do", "{", "(", "!", "time"})
@@ -169,7 +174,7 @@ class RawLaunch:
 
 def _expand(text: str, variables: dict[str, str], depth: int = 0) -> str:
     def sub(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
+        name = match.group(1) or match.group(2) or match.group(3)
         if name in variables and depth < 8:
             return _expand(variables[name], variables, depth + 1)
         return match.group(0)
@@ -231,8 +236,10 @@ def _is_launcher(words: list[str]) -> bool:
         return True
     if _PYTHON.fullmatch(head):
         return any(w.endswith(".py") for w in words[1:]) or "-m" in words[1:]
-    if head in _SHELLS or head.endswith(".sh"):
-        return any(_first_py(w) is not None for w in words[1:])
+    if head.endswith(".sh"):
+        return True
+    if head in _SHELLS:
+        return any(w.endswith(".sh") or _first_py(w) is not None for w in words[1:])
     return False
 
 
@@ -267,7 +274,10 @@ def read_command(
                     for match in assignments:
                         assert match is not None
                         value = _expand(match.group(2), variables)
-                        variables[match.group(1)] = value
+                        if match.group(1) not in OPERATOR_VARIABLES:
+                            # The seed's rank-0 ``export MASTER_ADDR=${POD_IP}`` names the same
+                            # address the operator injects; launcher options keep the reference.
+                            variables[match.group(1)] = value
                         if exported:
                             exports[match.group(1)] = Word(value, line_no)
                     continue
@@ -291,6 +301,8 @@ def read_command(
     ranked = sorted(candidates, key=lambda c: _rank(c[0]))
     best = _rank(ranked[0][0])
     top = [c for c in ranked if _rank(c[0]) == best]
+    if best == _RANK_BARE_WRAPPER:
+        top = top[-1:]  # setup scripts come first; the last wrapper starts the training
     if len(top) > 1:
         lines = ", ".join(str(c[1]) for c in top)
         problems.error(
@@ -304,14 +316,19 @@ def read_command(
     return raw
 
 
+_RANK_BARE_WRAPPER = 3
+
+
 def _rank(words: list[Word]) -> int:
+    """Which candidate is the launcher: a launcher proper, then a wrapper script given the
+    training script, then ``python train.py``, then a wrapper script with no script visible."""
     head = words[0].text.rsplit("/", 1)[-1] if words else ""
     if head in ("torchrun", "msrun", "unbroken") or (
         _PYTHON.fullmatch(head) and "-m" in [w.text for w in words[1:3]]
     ):
         return 0
     if head in _SHELLS or head.endswith(".sh"):
-        return 1
+        return 1 if any(_first_py(w.text) is not None for w in words[1:]) else _RANK_BARE_WRAPPER
     return 2
 
 

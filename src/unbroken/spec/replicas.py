@@ -3,11 +3,11 @@ its pod template: the training container's env, ports, resources and launcher li
 
 The training container is the one named ``ascend`` (the seed's "do not modify" name) if there is
 one, else the first container. Its env is the container ``env`` list plus the knobs the command
-script ``export``s (a script export wins, as it would in the shell); env entries that use
-``valueFrom`` are left out of ``env`` (their value is only known in the cluster), which is an
-error for the knobs this package validates. The devices a pod needs come from the container's
-resource limits (``nvidia.com/gpu``, ``huawei.com/Ascend910``, ... any ``*/gpu``, ``*/npu`` or
-``huawei.com/*`` resource).
+script ``export``s with a literal value (a script export wins, as it would in the shell); env
+entries that use ``valueFrom`` are left out of ``env`` (their value is only known in the
+cluster), which is an error for the knobs this package validates. The devices a pod needs come
+from the container's resource limits (``nvidia.com/gpu``, ``huawei.com/Ascend910``, ... any
+``*/gpu``, ``*/npu`` or ``huawei.com/*`` resource).
 """
 
 from __future__ import annotations
@@ -164,7 +164,9 @@ def _read_container(container: Map, raw: RawReplica, problems: Problems) -> None
     where = container.path + (".args" if container.get("args") is not None else ".command")
     raw.launch = read_command(command, args, dict(raw.env), where, problems)
     for name, word in raw.launch.exports.items():
-        if name in KNOB_NAMES:
+        # A value that still names a variable is only known when the pod runs (the seed's
+        # ``export MASTER_ADDR=${POD_IP}`` on rank 0): not a job setting.
+        if name in KNOB_NAMES and "$" not in word.text:
             raw.env[name] = word.text
             raw.knobs[name] = EnvValue(word.text, word.line, f"{where}: export {name}")
 
