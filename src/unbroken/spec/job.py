@@ -16,7 +16,8 @@ The framework is the ``framework`` label (``pytorch`` or ``mindspore``); without
 Scheduler or an ``msrun`` launcher is MindSpore, any other PyTorch.
 
 Launcher values: ``--nproc_per_node`` defaults to the devices the container requests, else 1
-(torchrun's own default); a value that differs from the requested devices is an error.
+(torchrun's own default); a value that differs from the requested devices is an error;
+``auto``/``gpu`` mean the requested devices, ``cpu`` means 1 (as ``unbroken launch`` reads it).
 ``--nnodes`` defaults to the number of training pods and, when given, must equal it (or be a
 ``MIN:MAX`` range whose MAX equals it). ``--node_rank`` given literally must be the rank that pod
 gets. ``--max_restarts`` defaults to 32767, ``--monitor_interval`` to 5 s (the seed's defaults,
@@ -54,7 +55,7 @@ from unbroken.spec.replicas import (
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _VAR = re.compile(r"\$[{(]?([A-Za-z_][A-Za-z0-9_]*)[})]?")
-_ACCELERATOR_WORDS = ("auto", "gpu", "cpu", "xpu", "npu")
+_ACCELERATOR_WORDS = ("auto", "gpu", "xpu", "npu")
 
 
 class JobKind(StrEnum):
@@ -483,7 +484,9 @@ def _launcher(
     if word is not None:
         given.add("nproc_per_node")
         text = _value(word, nproc_key, raw, problems)
-        if text in _ACCELERATOR_WORDS:
+        if text == "cpu":
+            nproc = 1  # as ``unbroken launch`` reads it: one process on CPU
+        elif text in _ACCELERATOR_WORDS:
             if raw.devices is None:
                 problems.error(
                     word.line,
@@ -566,6 +569,13 @@ def _launcher(
     interval = _float_option(raw, "monitor_interval", problems)
     if interval is not None:
         given.add("monitor_interval")
+    if launch.kind is LauncherKind.TORCH_LAUNCH_MODULE:
+        problems.warn(
+            launch.line,
+            where,
+            "python -m torch.distributed.launch is deprecated by PyTorch; use torchrun (or "
+            "unbroken launch) with the same arguments",
+        )
     script = launch.script
     module = "module" in launch.flags
     if script is not None and not module and not Path(script).is_absolute():

@@ -96,6 +96,7 @@ _TORCHRUN_FLAGS = frozenset(
     {"standalone", "module", "no_python", "run_path", "virtual_local_rank", "use_env"}
 )
 _TORCHRUN_SHORT = {"-m": "module", "-r": "redirects", "-t": "tee"}
+_UNBROKEN_VALUES = frozenset({"run_id"})  # ``unbroken launch`` options beyond torchrun's
 _MSRUN_VALUES = frozenset(
     {
         "worker_num",
@@ -411,6 +412,8 @@ def _read_launcher(
 def _read_options(words: list[Word], raw: RawLaunch, field_path: str, problems: Problems) -> None:
     msrun = raw.kind is LauncherKind.MSRUN
     values = _MSRUN_VALUES if msrun else _TORCHRUN_VALUES
+    if raw.kind is LauncherKind.UNBROKEN:
+        values = values | _UNBROKEN_VALUES
     flags = frozenset() if msrun else _TORCHRUN_FLAGS
     i = 0
     while i < len(words):

@@ -142,3 +142,11 @@ def test_validate_as_a_subprocess(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ladder"] == ["recover", "exit", "job-rescheduling"]
+
+
+def test_shipped_example_jobs_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    jobs = Path(__file__).resolve().parents[3] / "examples" / "jobs"
+    assert (
+        main(["validate", str(jobs / "recover.yaml"), "--cluster", str(jobs / "cluster.yaml")]) == 0
+    )
+    assert capsys.readouterr().err == ""

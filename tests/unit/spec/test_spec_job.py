@@ -385,3 +385,26 @@ def test_relative_script_resolves_next_to_the_job(tmp_path: Path) -> None:
     other = tmp_path / "sub"
     other.mkdir()
     assert load_job(write(other, job_text())).replica_specs[0].script == "train.py"
+
+
+def test_torch_distributed_launch_is_deprecated(tmp_path: Path) -> None:
+    text = job_text().replace(
+        '["torchrun", "--nproc_per_node=2", "--nnodes=$(NNODES)", "train.py"]',
+        '["python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "train.py"]',
+    )
+    job = load_job(write(tmp_path, text))
+    assert job.replica_specs[0].launcher.nproc_per_node == 2
+    assert any(
+        "torch.distributed.launch is deprecated by PyTorch; use torchrun" in w for w in job.warnings
+    )
+
+
+def test_unbroken_launch_line(tmp_path: Path) -> None:
+    text = job_text().replace(
+        '["torchrun", "--nproc_per_node=2", "--nnodes=$(NNODES)", "train.py"]',
+        '["unbroken", "launch", "--nproc-per-node=cpu", "--run-id=x", "train.py", "--steps=3"]',
+    )
+    job = load_job(write(tmp_path, text))
+    launcher = job.replica_specs[1].launcher
+    assert (launcher.nproc_per_node, launcher.options) == (1, (("run_id", "x"),))
+    assert launcher.script_args == ("--steps=3",)
