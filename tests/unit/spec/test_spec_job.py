@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from unbroken.spec import JobKind, ReplicaType, SpecError, load_job
+from unbroken.spec import JobKind, ReplicaType, SpecError, load_job, parse_job
 from unbroken.spec.knobs import (
     FaultScheduling,
     Framework,
@@ -408,3 +410,41 @@ def test_unbroken_launch_line(tmp_path: Path) -> None:
     launcher = job.replica_specs[1].launcher
     assert (launcher.nproc_per_node, launcher.options) == (1, (("run_id", "x"),))
     assert launcher.script_args == ("--steps=3",)
+
+
+_SEED = Path(__file__).resolve().parents[2] / "fixtures" / "seed"
+_SEED_LINES = {
+    p.name: p.read_text().splitlines()
+    for p in sorted(_SEED.glob("*.yaml"))
+    if not p.name.endswith(".cluster.yaml")
+}
+_GARBAGE = [
+    "",
+    "  x: [1",
+    "kind: 3",
+    "    replicas: -1",
+    "- a",
+    "metadata: null",
+    '"\\x00"',
+    "    env: 5",
+    "  recover-strategy: ,,",
+    "    - name: RANK\n      value: '1'",
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(sorted(_SEED_LINES)),
+    st.lists(st.tuples(st.integers(0, 80), st.sampled_from(_GARBAGE)), max_size=4),
+)
+def test_mangled_seed_jobs_load_or_fail_with_problems(
+    name: str, edits: list[tuple[int, str]]
+) -> None:
+    lines = list(_SEED_LINES[name])
+    for index, garbage in edits:
+        lines[index % len(lines)] = garbage
+    try:
+        parse_job("\n".join(lines) + "\n", Path(name))
+    except SpecError as err:
+        assert err.problems
+        assert all(p.message for p in err.problems)
