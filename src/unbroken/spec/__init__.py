@@ -23,10 +23,10 @@ Decisions a user should know (details in each module's docstring):
 """
 
 from unbroken.spec.cluster import ClusterSpec, DevicePlugin, HotReset, load_cluster
-from unbroken.spec.job import JobKind, JobSpec, ReplicaSpec, load_job, parse_job
+from unbroken.spec.job import JobKind, JobSpec, load_job, parse_job
 from unbroken.spec.launcher import LauncherArgs, LauncherKind
 from unbroken.spec.problems import Problem, SpecError
-from unbroken.spec.replicas import Port, ReplicaType
+from unbroken.spec.replicas import Port, ReplicaSpec, ReplicaType
 
 __all__ = [
     "ClusterSpec",

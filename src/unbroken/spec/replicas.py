@@ -27,7 +27,7 @@ from unbroken.spec.document import (
     as_str,
     kind_name,
 )
-from unbroken.spec.launcher import RawLaunch, Word, read_command
+from unbroken.spec.launcher import LauncherArgs, RawLaunch, Word, read_command
 from unbroken.spec.problems import Problems
 
 
@@ -300,3 +300,33 @@ def _read_resources(container: Map, raw: RawReplica, problems: Problems) -> None
         problems.error(resources.line, resources.path, f"requests several device kinds ({kinds})")
     elif found:
         raw.devices = next(iter(found.values()))[0]
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One replica type: ``replicas`` pods from the same template."""
+
+    type: ReplicaType
+    name: str  # lower-case, as in pod names: "master", "worker" or a vcjob task name
+    replicas: int
+    env: dict[str, str] = field(default_factory=dict)
+    ports: tuple[Port, ...] = ()
+    host_network: bool = False
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    launcher: LauncherArgs = field(default_factory=LauncherArgs)
+    devices: int | None = None  # devices the container requests, if it says
+    container: str = ""
+    line: int = 0
+
+    @property
+    def trains(self) -> bool:
+        return self.type is not ReplicaType.SCHEDULER
+
+    @property
+    def script(self) -> str | None:
+        return self.launcher.script
+
+    @property
+    def script_args(self) -> tuple[str, ...]:
+        return self.launcher.script_args
