@@ -1,0 +1,251 @@
+"""Periodic checkpoints with torch.distributed.checkpoint: asynchronous save, atomic commit.
+
+A save stages the state (model and optimizer through ``get_state_dict``, plus this rank's
+``extra`` tensors under the per-rank key ``ranks.<rank>``) into CPU memory on the caller's
+thread, then writes it in the background with ``dcp.async_save`` over a process group reserved
+for checkpointing, so the background collectives never interleave with the training's own on
+the default group. When every rank's files are written, rank 0 commits the checkpoint by
+writing its manifest (see :mod:`unbroken.checkpoint.manifest`) and prunes old ones.
+
+Per-rank keys matter: DCP treats a plain tensor under the same key on every rank as replicated
+and keeps one copy, so RNG states saved under a shared key would come back as rank 0's on every
+rank.
+
+At most one save is in flight: :meth:`Checkpointer.save_async` first waits for the previous
+one. A save that failed raises :class:`CheckpointError` from the next :meth:`wait` (or
+``save_async``): a checkpoint that silently stops happening is worse than a stopped job.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save
+
+from unbroken.checkpoint.manifest import (
+    find_latest_good,
+    list_checkpoints,
+    prune,
+    step_dir,
+    verify,
+    write_manifest,
+)
+
+logger = logging.getLogger(__name__)
+
+_RANKS = "ranks"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint save or load that failed."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :meth:`Checkpointer.load_latest` brought back besides model and optimizer."""
+
+    step: int  # committed steps in the checkpoint = the step index to resume at
+    path: Path
+    world_size: int  # of the run that saved it
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # this rank's; {} if none
+
+
+@dataclass
+class _Pending:
+    step: int
+    path: Path
+    done: Future[int]
+
+
+class Checkpointer:
+    """Saves and restores checkpoints under ``root``, one directory per step.
+
+    ``pg`` is the process group the checkpoint collectives run on (create it once with
+    ``dist.new_group(backend="gloo")``); None uses the default group, and without an
+    initialized process group the checkpointer works for a single process.
+    ``on_saved(step)`` is called from the background thread when this rank's part of a save
+    is durable (on rank 0: when the manifest is committed).
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        pg: dist.ProcessGroup | None = None,
+        keep: int = 3,
+        on_saved: Callable[[int], None] | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (checkpoints to retain), got {keep}")
+        self.root = Path(root)
+        self.pg = pg
+        self.keep = keep
+        self._on_saved = on_saved
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(pg) if self._distributed else 0
+        self.world_size = dist.get_world_size(pg) if self._distributed else 1
+        self._pending: _Pending | None = None
+        self.last_saved_step: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether a save is in flight (or finished but not yet waited for)."""
+        return self._pending is not None
+
+    def save_async(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Start saving the state after ``step`` committed steps; returns once it is staged."""
+        self.wait()
+        path = step_dir(self.root, step)
+        if self.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state: dict[str, Any] = {
+            "model": model_sd,
+            "optim": optim_sd,
+            _RANKS: {str(self.rank): dict(extra or {})},
+        }
+        upload = async_save(
+            state,
+            checkpoint_id=path,
+            process_group=self.pg,
+            no_dist=not self._distributed,
+        )
+        upload_done = upload if isinstance(upload, Future) else upload.upload_completion
+        done: Future[int] = Future()
+        pending = _Pending(step, path, done)
+        thread = threading.Thread(
+            target=self._finish,
+            args=(pending, upload_done),
+            name=f"unbroken-ckpt-{step}",
+            daemon=True,
+        )
+        self._pending = pending
+        thread.start()
+
+    def _finish(self, pending: _Pending, upload_done: Future[Any]) -> None:
+        try:
+            metadata = upload_done.result()
+            if self.rank == 0:
+                assert isinstance(metadata, Metadata)
+                files = {info.relative_path for info in metadata.storage_data.values()}
+                files.add(".metadata")
+                write_manifest(
+                    pending.path,
+                    step=pending.step,
+                    world_size=self.world_size,
+                    files=files,
+                    created_at=time.time(),
+                )
+                prune(self.root, self.keep)
+            if self._on_saved is not None:
+                self._on_saved(pending.step)
+        except BaseException as e:
+            pending.done.set_exception(e)
+        else:
+            pending.done.set_result(pending.step)
+
+    def wait(self) -> int | None:
+        """Wait for the save in flight; returns its step, or None when none was pending."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        try:
+            step = pending.done.result()
+        except Exception as e:
+            raise CheckpointError(
+                f"saving the checkpoint of step {pending.step} to {pending.path} failed: {e}"
+            ) from e
+        self.last_saved_step = step
+        return step
+
+    def _agree_on_latest(self) -> int:
+        """Rank 0 picks the newest good checkpoint; every rank gets its step (-1: none)."""
+        found = find_latest_good(self.root) if self.rank == 0 else None
+        chosen = torch.tensor([found[0] if found else -1], dtype=torch.int64)
+        if self._distributed:
+            dist.broadcast(chosen, group=self.pg, group_src=0)
+        return int(chosen.item())
+
+    def _set_aside_newer(self, step: int) -> None:
+        """Move unusable checkpoint directories newer than ``step`` out of the way (rank 0)."""
+        for other, path in list_checkpoints(self.root):
+            if other <= step:
+                break
+            aside = path.with_name(path.name + ".invalid")
+            shutil.rmtree(aside, ignore_errors=True)
+            path.rename(aside)
+            logger.warning("moved unusable checkpoint %s aside to %s", path, aside.name)
+
+    def load_latest(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> Restored | None:
+        """Load the newest good checkpoint into ``model`` and ``optimizer`` (collective).
+
+        Returns None when there is none (the state is left as it is).
+        """
+        step = self._agree_on_latest()
+        if self.rank == 0:
+            self._set_aside_newer(step)
+        if step < 0:
+            self._barrier()
+            return None
+        path = step_dir(self.root, step)
+        manifest = verify(path, hashes=False)
+        metadata = FileSystemReader(path).read_metadata()
+        prefix = f"{_RANKS}.{self.rank}."
+        extra: dict[str, torch.Tensor] = {}
+        for key, md in metadata.state_dict_metadata.items():
+            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata):
+                extra[key[len(prefix) :]] = torch.empty(md.size, dtype=md.properties.dtype)
+        if not extra and manifest.world_size != self.world_size:
+            logger.warning(
+                "checkpoint %s was saved by %d ranks, this run has %d: rank %d has no "
+                "per-rank state in it (data position and RNG start fresh)",
+                path,
+                manifest.world_size,
+                self.world_size,
+                self.rank,
+            )
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        if extra:
+            state[_RANKS] = {str(self.rank): extra}
+        try:
+            dcp_load(
+                state, checkpoint_id=path, process_group=self.pg, no_dist=not self._distributed
+            )
+        except Exception as e:
+            raise CheckpointError(f"loading checkpoint {path} failed: {e}") from e
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        self._barrier()
+        logger.info("restored checkpoint %s (step %d)", path, step)
+        return Restored(step=step, path=path, world_size=manifest.world_size, extra=extra)
+
+    def _barrier(self) -> None:
+        if self._distributed:
+            dist.barrier(group=self.pg)
+
+    def close(self) -> None:
+        """Wait for the save in flight (raises :class:`CheckpointError` if it failed)."""
+        self.wait()

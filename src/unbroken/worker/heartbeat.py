@@ -1,0 +1,266 @@
+"""The heartbeat record: what a training process tells its node agent, through a small file.
+
+Each rank owns one file (its path is ``UNBROKEN_HEARTBEAT_FILE``) holding one fixed-size binary
+record. The worker maps the file into memory and updates fields in place, so an update is a few
+memory writes and no system call. The agent reads the file whenever it polls.
+
+Liveness: a daemon thread in the worker increments ``tick`` and stamps ``tick_at`` every
+``interval_s``. A SIGSTOPped process stops ticking; a healthy rank blocked inside a gloo
+collective keeps ticking (gloo releases the GIL while it waits), so a stalled tick means a
+stopped or wedged interpreter, and a stalled ``step`` with a live tick means a hang in the
+training itself (a peer gone, a collective that never completes).
+
+Progress: ``step`` is the index of the step in progress (-1 before the first), ``committed`` the
+number of steps whose optimizer update has finished, which is also the index of the next step to
+run; ``committed == step + 1`` between a commit and the next step's start. ``ckpt_step`` is the
+``committed`` count of the last checkpoint this rank finished writing (-1: none).
+
+Layout (little endian, ``RECORD_SIZE`` bytes): a 16-byte header (``MAGIC``, ``VERSION``, record
+size, sequence number) followed by 8-byte fields in the order of :data:`_FIELDS`, then zero
+padding reserved for later fields. Writers bump the sequence number to an odd value before an
+update and to the next even value after it; readers retry until they see the same even value
+before and after reading (a seqlock). Wall stamps are ``time.time()`` seconds, 0.0 meaning "not
+yet". This module imports the standard library only: the agent uses it without torch.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from pathlib import Path
+
+MAGIC = b"UBHB"
+VERSION = 1
+RECORD_SIZE = 256
+DEFAULT_INTERVAL_S = 0.1
+
+_HEADER = struct.Struct("<4sHHQ")  # magic, version, record size, sequence number
+_SEQ_OFFSET = 8
+
+
+class Phase(StrEnum):
+    """Where a training process is in its life, in order."""
+
+    STARTING = "starting"
+    COMM_READY = "comm-ready"  # the process group is initialized
+    STATE_LOADED = "state-loaded"  # model, optimizer, data position and RNG restored (or fresh)
+    TRAINING = "training"  # the first step has started
+    STOPPING = "stopping"  # a stop was requested; the process leaves at the next step boundary
+    DONE = "done"  # training finished and the session closed
+    FAILED = "failed"  # an exception escaped the training script
+
+
+_PHASE_CODES: dict[Phase, int] = {phase: code for code, phase in enumerate(Phase)}
+_CODE_PHASES: dict[int, Phase] = {code: phase for phase, code in _PHASE_CODES.items()}
+
+
+class HeartbeatFormatError(ValueError):
+    """A heartbeat file that is not a record of this format (wrong magic, version or size)."""
+
+
+@dataclass(frozen=True)
+class HeartbeatRecord:
+    """One snapshot of a rank's heartbeat file."""
+
+    pid: int
+    rank: int = -1
+    generation: int = -1
+    phase: Phase = Phase.STARTING
+    tick: int = 0
+    tick_at: float = 0.0
+    step: int = -1
+    step_at: float = 0.0  # when ``step`` started
+    committed: int = 0
+    committed_at: float = 0.0
+    step_time_s: float = 0.0  # EWMA of step start -> commit; 0.0 before the first commit
+    start_step: int = -1  # the step this process started (resumed) at; -1 until state loaded
+    ckpt_step: int = -1
+    ckpt_at: float = 0.0
+    started_at: float = 0.0  # process start
+    comm_ready_at: float = 0.0
+    state_loaded_at: float = 0.0
+    first_commit_at: float = 0.0  # first step committed by this process
+
+
+# Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.
+_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (f.name, "d" if f.type in ("float", float) else "q") for f in fields(HeartbeatRecord)
+)
+_BODY = struct.Struct("<" + "".join(code for _, code in _FIELDS))
+_OFFSETS: dict[str, int] = {}
+_offset = _HEADER.size
+for _name, _code in _FIELDS:
+    _OFFSETS[_name] = _offset
+    _offset += struct.calcsize("<" + _code)
+assert _offset <= RECORD_SIZE, "heartbeat record outgrew RECORD_SIZE"
+_CODES: dict[str, str] = dict(_FIELDS)
+
+
+def _field_value(record: HeartbeatRecord, name: str) -> int | float:
+    value = getattr(record, name)
+    if isinstance(value, Phase):
+        return _PHASE_CODES[value]
+    assert isinstance(value, int | float)
+    return value
+
+
+def encode(record: HeartbeatRecord, seq: int = 0) -> bytes:
+    """The ``RECORD_SIZE`` bytes of ``record`` with sequence number ``seq``."""
+    buf = bytearray(RECORD_SIZE)
+    _HEADER.pack_into(buf, 0, MAGIC, VERSION, RECORD_SIZE, seq)
+    _BODY.pack_into(buf, _HEADER.size, *(_field_value(record, name) for name, _ in _FIELDS))
+    return bytes(buf)
+
+
+def decode(buf: bytes) -> HeartbeatRecord:
+    """Parse a record; raises :class:`HeartbeatFormatError` when ``buf`` is not one."""
+    if len(buf) < _HEADER.size:
+        raise HeartbeatFormatError(
+            f"heartbeat record is {len(buf)} bytes, expected {RECORD_SIZE} (truncated file?)"
+        )
+    magic, version, size, _seq = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise HeartbeatFormatError(f"heartbeat record has magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise HeartbeatFormatError(
+            f"heartbeat record has format version {version}, this reader knows {VERSION}"
+        )
+    if size != RECORD_SIZE or len(buf) < RECORD_SIZE:
+        raise HeartbeatFormatError(
+            f"heartbeat record is {len(buf)} bytes (header says {size}), expected {RECORD_SIZE}"
+        )
+    values = dict(
+        zip((name for name, _ in _FIELDS), _BODY.unpack_from(buf, _HEADER.size), strict=True)
+    )
+    code = int(values["phase"])
+    if code not in _CODE_PHASES:
+        raise HeartbeatFormatError(f"heartbeat record has unknown phase code {code}")
+    values["phase"] = _CODE_PHASES[code]
+    return HeartbeatRecord(**values)
+
+
+def _sequence(buf: bytes) -> int:
+    (seq,) = struct.unpack_from("<Q", buf, _SEQ_OFFSET)
+    return int(seq)
+
+
+class HeartbeatReader:
+    """The agent's view of one rank's heartbeat file.
+
+    Each :meth:`read` opens the file afresh, so a restarted process that replaced the file is
+    seen at once. Never imports torch.
+    """
+
+    def __init__(self, path: Path | str, attempts: int = 100) -> None:
+        self.path = Path(path)
+        self._attempts = attempts
+
+    def read(self) -> HeartbeatRecord | None:
+        """The current record, or None when the file does not exist (yet).
+
+        Raises :class:`HeartbeatFormatError` for a file that is not a heartbeat record.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            first = os.pread(fd, RECORD_SIZE, 0)
+            for _ in range(self._attempts):
+                if len(first) < RECORD_SIZE:
+                    break
+                again = os.pread(fd, RECORD_SIZE, 0)
+                seq = _sequence(first)
+                if seq == _sequence(again) and (seq % 2 == 0 or first == again):
+                    # The same even sequence number before and after ``first`` was copied: a
+                    # consistent snapshot. An odd one that stays put with nothing changing means
+                    # the writer stopped mid-update (SIGSTOP, SIGKILL); each field is written
+                    # whole, so that snapshot is usable too.
+                    return decode(first)
+                first = again
+            return decode(first)
+        finally:
+            os.close(fd)
+
+
+class HeartbeatWriter:
+    """The worker's side: owns the file, updates it in place, ticks from a daemon thread.
+
+    The file is created under a temporary name and renamed into place, so a reader never sees
+    a partial record. Updates from several threads are serialized by a lock.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        rank: int = -1,
+        generation: int = -1,
+        started_at: float = 0.0,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval_s must be > 0, got {interval_s}")
+        self.path = Path(path)
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._tick = 0
+        now = time.time()
+        initial = HeartbeatRecord(
+            pid=os.getpid(),
+            rank=rank,
+            generation=generation,
+            tick_at=now,
+            started_at=started_at or now,
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, encode(initial))
+            self._mm = mmap.mmap(fd, RECORD_SIZE)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="unbroken-heartbeat", daemon=True)
+        self._thread.start()
+
+    def update(self, **values: int | float | Phase) -> None:
+        """Write the named fields (names of :class:`HeartbeatRecord`) as one update."""
+        with self._lock:
+            if self._mm.closed:
+                return
+            self._seq += 1
+            struct.pack_into("<Q", self._mm, _SEQ_OFFSET, self._seq)
+            for name, value in values.items():
+                if isinstance(value, Phase):
+                    value = _PHASE_CODES[value]
+                struct.pack_into("<" + _CODES[name], self._mm, _OFFSETS[name], value)
+            self._seq += 1
+            struct.pack_into("<Q", self._mm, _SEQ_OFFSET, self._seq)
+
+    def snapshot(self) -> HeartbeatRecord:
+        """The record as this process last wrote it."""
+        with self._lock:
+            return decode(bytes(self._mm))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._tick += 1
+            self.update(tick=self._tick, tick_at=time.time())
+
+    def close(self) -> None:
+        """Stop ticking and unmap; the file stays for the agent to read the final record."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            if not self._mm.closed:
+                self._mm.close()

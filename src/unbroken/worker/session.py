@@ -1,0 +1,403 @@
+"""The training session: the few lines a DDP script adds to resume, checkpoint and report.
+
+::
+
+    import unbroken.worker as ub
+
+    dist.init_process_group("gloo")
+    session = ub.init(model=ddp_model, optimizer=opt, ckpt_dir=args.ckpt_dir, ckpt_every=100)
+    for step in session.steps(total_steps):   # starts at the restored step
+        x, y = batch(step, rank)               # the data position is the step
+        ...
+        loss.backward()
+        opt.step()                             # the step commits when the body finishes
+    session.close()
+
+:func:`init` restores model, optimizer, data position and RNG states from the newest good
+checkpoint. :meth:`Session.steps` yields step indices from there; between two iterations (the
+*step boundary*) it commits the finished step, saves a checkpoint every ``ckpt_every`` commits
+(asynchronously), and honours a stop request. Under ``unbroken launch`` the session also
+writes the rank's heartbeat file (phases, step start and commit, step time) and turns SIGTERM
+into a stop at the next boundary (:class:`TrainingStopped`). Under plain ``torchrun`` those
+hooks are off; checkpoints work the same.
+
+The step boundary is the one place where the loop's course changes; later recovery rungs hook
+in there too (a step whose collectives failed is repaired and yielded again instead of being
+committed), which is why the loop is a generator and the commit happens when it resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
+from unbroken.worker import rng
+from unbroken.worker.chaos import RankChaos, install_signal_fault
+from unbroken.worker.env import WorkerEnv, process_started_at
+from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
+from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
+
+logger = logging.getLogger(__name__)
+
+DATA_POS = "data_pos"
+_EWMA_WEIGHT = 0.2  # weight of the newest step time in the step-time average
+_STOP_BASE_S = 5.0  # derived stop deadline: this plus three average steps
+
+_active: Session | None = None
+
+
+class TrainingStopped(SystemExit):
+    """Raised from :meth:`Session.steps` at the step boundary after a stop request.
+
+    A ``SystemExit``: uncaught, it ends the process with status ``STOP_EXIT_CODE`` (143) and
+    no traceback, and ``except Exception`` in the script does not swallow it. ``committed`` is
+    the number of steps committed when the rank stopped.
+    """
+
+    def __init__(self, committed: int) -> None:
+        super().__init__(STOP_EXIT_CODE)
+        self.committed = committed
+
+
+class Session:
+    """One rank's training session; create it with :func:`init`."""
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        env: WorkerEnv,
+        checkpointer: Checkpointer | None,
+        ckpt_every: int,
+        heartbeat: HeartbeatWriter | None,
+        stop_timeout_s: float | None,
+    ) -> None:
+        self.env = env
+        self.model = model
+        self.optimizer = optimizer
+        self.checkpointer = checkpointer
+        self.ckpt_every = ckpt_every
+        self.heartbeat = heartbeat
+        self.restored: Restored | None = None
+        self.start_step = 0
+        self._committed = 0
+        self._last_ckpt_step: int | None = None
+        self._stop_timeout_s = stop_timeout_s
+        self._step_time_s = 0.0
+        self._step_began = 0.0
+        self._first_commit = True
+        self._closed = False
+        self._stop = StopSignal(self._on_stop_request, self._stop_deadline_s)
+        self._previous_excepthook = sys.excepthook
+        self._chaos = RankChaos.from_env(env.rank, os.environ) if env.managed else None
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else self.env.world_size
+
+    @property
+    def managed(self) -> bool:
+        """Whether an Unbroken agent launched this rank (heartbeat and SIGTERM hooks on)."""
+        return self.env.managed
+
+    @property
+    def committed(self) -> int:
+        """Steps committed so far (restored ones included) = the index of the next step."""
+        return self._committed
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.requested
+
+    def request_stop(self) -> None:
+        """Stop at the next step boundary, as SIGTERM does (without its deadline)."""
+        self._stop.request()
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self.managed:
+            self._stop.install()
+            install_signal_fault()
+            sys.excepthook = self._excepthook
+        try:
+            if self.checkpointer is not None:
+                self.restored = self.checkpointer.load_latest(self.model, self.optimizer)
+            if self.restored is not None:
+                self._restore_rank_state(self.restored)
+            self.start_step = self._committed
+            self._last_ckpt_step = self.restored.step if self.restored else None
+            if self.heartbeat is not None:
+                self.heartbeat.update(
+                    phase=Phase.STATE_LOADED,
+                    state_loaded_at=time.time(),
+                    start_step=self._committed,
+                    committed=self._committed,
+                    ckpt_step=self._last_ckpt_step if self._last_ckpt_step is not None else -1,
+                )
+        except BaseException:
+            self._fail()
+            raise
+
+    def _restore_rank_state(self, restored: Restored) -> None:
+        self._committed = restored.step
+        if DATA_POS in restored.extra:
+            data_pos = int(restored.extra[DATA_POS][0])
+            if data_pos != restored.step:
+                raise CheckpointError(
+                    f"checkpoint {restored.path} holds data position {data_pos} for rank "
+                    f"{self.rank}, but step {restored.step}"
+                )
+        restored_rngs = rng.restore(restored.extra)
+        logger.info(
+            "rank %d resumed at step %d from %s (RNG restored: %s)",
+            self.rank,
+            restored.step,
+            restored.path,
+            ", ".join(restored_rngs) or "none",
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield step indices from the committed count up to ``total`` (exclusive).
+
+        Resuming the generator commits the step just run. Raises :class:`TrainingStopped` at
+        a boundary after a stop request, and :class:`CheckpointError` when a checkpoint save
+        failed.
+        """
+        if self._closed:
+            raise RuntimeError("this training session is closed")
+        if self._committed < total and self._stop.requested:
+            self._leave()
+        while self._committed < total:
+            step = self._committed
+            self._begin(step)
+            yield step
+            self._commit(step)
+            if self._committed < total:
+                if self._stop.requested:
+                    self._leave()
+                if self.ckpt_every and self._committed % self.ckpt_every == 0:
+                    self.save_checkpoint()
+
+    def _begin(self, step: int) -> None:
+        if self._chaos is not None:
+            self._chaos.before_step(step)
+        self._step_began = time.monotonic()
+        if self.heartbeat is not None:
+            if self._first_commit:
+                self.heartbeat.update(phase=Phase.TRAINING, step=step, step_at=time.time())
+            else:
+                self.heartbeat.update(step=step, step_at=time.time())
+
+    def _commit(self, step: int) -> None:
+        elapsed_s = time.monotonic() - self._step_began
+        self._committed = step + 1
+        if self._first_commit:
+            self._step_time_s = elapsed_s
+        else:
+            self._step_time_s += _EWMA_WEIGHT * (elapsed_s - self._step_time_s)
+        if self.heartbeat is not None:
+            now = time.time()
+            if self._first_commit:
+                self.heartbeat.update(
+                    committed=self._committed,
+                    committed_at=now,
+                    step_time_s=self._step_time_s,
+                    first_commit_at=now,
+                )
+            else:
+                self.heartbeat.update(
+                    committed=self._committed, committed_at=now, step_time_s=self._step_time_s
+                )
+        self._first_commit = False
+
+    def save_checkpoint(self) -> None:
+        """Start an asynchronous checkpoint of the committed state (at a step boundary only)."""
+        if self.checkpointer is None:
+            raise RuntimeError("no checkpoint directory was given to unbroken.worker.init")
+        extra = {DATA_POS: torch.tensor([self._committed], dtype=torch.int64), **rng.capture()}
+        self.checkpointer.save_async(self._committed, self.model, self.optimizer, extra)
+        self._last_ckpt_step = self._committed
+
+    def _on_saved(self, step: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.update(ckpt_step=step, ckpt_at=time.time())
+
+    # -- stopping and closing ----------------------------------------------------------------
+
+    def _stop_deadline_s(self) -> float:
+        if self._stop_timeout_s is not None:
+            return self._stop_timeout_s
+        return _STOP_BASE_S + 3 * self._step_time_s
+
+    def _on_stop_request(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.update(phase=Phase.STOPPING)
+
+    def _leave(self) -> NoReturn:
+        logger.warning(
+            "rank %d stopping on request after %d committed steps", self.rank, self._committed
+        )
+        if self.heartbeat is not None:
+            self.heartbeat.update(phase=Phase.STOPPING)
+        if self.checkpointer is not None:
+            try:
+                self.checkpointer.wait()
+            except CheckpointError as e:
+                logger.error("%s", e)
+        self._shutdown(exiting=True)
+        raise TrainingStopped(self._committed)
+
+    def close(self, *, final_checkpoint: bool = False, destroy_process_group: bool = True) -> None:
+        """Finish: optionally checkpoint the final state, wait for the save in flight, meet
+        the other ranks at a barrier, and destroy the process group."""
+        if self._closed:
+            return
+        try:
+            if (
+                final_checkpoint
+                and self.checkpointer is not None
+                and self._committed > 0
+                and self._last_ckpt_step != self._committed
+            ):
+                self.save_checkpoint()
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+            if dist.is_initialized():
+                dist.barrier()
+            if self.heartbeat is not None:
+                self.heartbeat.update(phase=Phase.DONE)
+            if destroy_process_group and dist.is_initialized():
+                dist.destroy_process_group()
+        except BaseException:
+            self._fail()
+            raise
+        self._shutdown()
+
+    def _fail(self) -> None:
+        if self.heartbeat is not None and not self._closed:
+            self.heartbeat.update(phase=Phase.FAILED)
+        self._shutdown()
+
+    def _excepthook(
+        self,
+        exc_type: type[BaseException],
+        exc: BaseException,
+        tb: TracebackType | None,
+    ) -> None:
+        self._fail()
+        self._previous_excepthook(exc_type, exc, tb)
+
+    def _shutdown(self, *, exiting: bool = False) -> None:
+        global _active
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.uninstall(exiting=exiting)
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+        if _active is self:
+            _active = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+        elif not isinstance(exc, TrainingStopped):
+            self._fail()
+
+
+def init(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    ckpt_dir: Path | str | None = None,
+    ckpt_every: int = 0,
+    keep: int = 3,
+    heartbeat_interval_s: float = DEFAULT_INTERVAL_S,
+    stop_timeout_s: float | None = None,
+    ckpt_timeout_s: float = 600.0,
+) -> Session:
+    """Start this rank's training session (collective: every rank calls it).
+
+    Call after ``dist.init_process_group`` and after wrapping the model (DDP). ``ckpt_dir``
+    (overridden by ``UNBROKEN_CKPT_DIR``) enables checkpoints: the newest good one is restored
+    now, and one is saved every ``ckpt_every`` committed steps (0: only on request), keeping
+    the newest ``keep``. ``stop_timeout_s`` bounds the time from SIGTERM to exit (default: 5 s
+    plus three average steps); ``ckpt_timeout_s`` bounds each checkpoint collective.
+    """
+    global _active
+    if _active is not None:
+        raise RuntimeError("a training session is already active in this process; close it first")
+    if ckpt_every < 0:
+        raise ValueError(f"ckpt_every must be >= 0 (0: no periodic checkpoints), got {ckpt_every}")
+    if stop_timeout_s is not None and stop_timeout_s <= 0:
+        raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s}")
+    env = WorkerEnv.from_environ(os.environ)
+    if env.world_size > 1 and not dist.is_initialized():
+        raise RuntimeError(
+            f"WORLD_SIZE={env.world_size} but no process group: call "
+            "torch.distributed.init_process_group before unbroken.worker.init"
+        )
+    heartbeat = None
+    if env.managed and env.heartbeat_file is not None:
+        heartbeat = HeartbeatWriter(
+            env.heartbeat_file,
+            rank=env.rank,
+            generation=env.generation,
+            started_at=process_started_at(),
+            interval_s=heartbeat_interval_s,
+        )
+        heartbeat.update(phase=Phase.COMM_READY, comm_ready_at=time.time())
+    root = env.ckpt_dir or (Path(ckpt_dir) if ckpt_dir else None)
+    session = Session(
+        model=model,
+        optimizer=optimizer,
+        env=env,
+        checkpointer=None,
+        ckpt_every=ckpt_every if root is not None else 0,
+        heartbeat=heartbeat,
+        stop_timeout_s=stop_timeout_s,
+    )
+    if root is not None:
+        try:
+            pg = None
+            if dist.is_initialized():
+                # A group of its own: background saves never interleave with DDP's collectives.
+                pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=ckpt_timeout_s))
+            session.checkpointer = Checkpointer(root, pg, keep=keep, on_saved=session._on_saved)
+        except BaseException:
+            session._fail()
+            raise
+    _active = session
+    session._start()
+    return session
