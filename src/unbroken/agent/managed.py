@@ -48,7 +48,7 @@ class AgentSettings:
     secret: str
     run_dir: Path
     heartbeat_interval_s: float = 0.25
-    hang_floor_s: float = 1.5
+    hang_floor_s: float = 3.0
     hang_factor: float = 10.0
     control_timeout_s: float = 10.0
 
@@ -62,7 +62,7 @@ class AgentSettings:
             control=control,
             secret=env["UNBROKEN_SECRET"],
             run_dir=Path(env["UNBROKEN_RUN_DIR"]),
-            hang_floor_s=float(env.get("UNBROKEN_HANG_FLOOR_S", "1.5")),
+            hang_floor_s=float(env.get("UNBROKEN_HANG_FLOOR_S", "3.0")),
             hang_factor=float(env.get("UNBROKEN_HANG_FACTOR", "10")),
         )
 
@@ -91,7 +91,13 @@ class ManagedAgent:
 
     # ---- control plane ----------------------------------------------------------------
     def _call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        body = {"pod": self.s.pod, "at": time.time(), "generation": self.generation, **body}
+        body = {
+            "pod": self.s.pod,
+            "agent_pid": os.getpid(),
+            "at": time.time(),
+            "generation": self.generation,
+            **body,
+        }
         try:
             reply = self.client.call(method, body)
         except RpcError as exc:
@@ -105,7 +111,9 @@ class ManagedAgent:
     def _watch_commands(self) -> None:
         while True:
             try:
-                for cmd in self.client.stream("AgentCommands", {"pod": self.s.pod}):
+                for cmd in self.client.stream(
+                    "AgentCommands", {"pod": self.s.pod, "pid": os.getpid()}
+                ):
                     self._commands.put(cmd)
                 return  # the server closed the stream: the run is over
             except RpcError as exc:
@@ -191,6 +199,8 @@ class ManagedAgent:
         )
         if not hello:
             raise AgentExit(3, f"control plane at {self.s.control} did not answer the hello")
+        if not hello.get("ok"):
+            raise AgentExit(3, f"the job manager refused this agent: {hello.get('error')}")
         threading.Thread(target=self._watch_commands, name="commands", daemon=True).start()
         self._start_ranks(int(hello["generation"]))
         tick_s = min(self.args.monitor_interval_s, 0.05)
@@ -228,6 +238,7 @@ class ManagedAgent:
                 self.done.add(ex.rank)
                 continue
             log.warning("rank %d (pid %d) %s", ex.rank, ex.pid, ex.describe())
+            snap = self._readers[ex.rank].read() if ex.rank in self._readers else None
             self._call(
                 "AgentReport",
                 {
@@ -239,6 +250,9 @@ class ManagedAgent:
                     "traceback": ex.traceback[-8000:],
                     "peer_failure": ex.peer_failure,
                     "exited_at": ex.at,
+                    "committed": snap.committed
+                    if snap is not None and snap.pid == ex.pid
+                    else None,
                 },
             )
 
@@ -251,6 +265,8 @@ class ManagedAgent:
             op = cmd.get("op")
             if op == "restart":
                 self._stop_ranks(None)
+                if cmd.get("master_port"):
+                    self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
                 self._start_ranks(int(cmd["generation"]))
             elif op == "stop":
                 grace = cmd.get("grace_s")
@@ -270,7 +286,10 @@ class ManagedAgent:
                 continue
             timeout_s = max(self.s.hang_floor_s, self.s.hang_factor * snap.step_time_s)
             stale_s = now - snap.tick_at
-            if stale_s > timeout_s:
+            # Both the liveness tick and the step progress must have stopped: a healthy rank
+            # can starve its tick thread for a moment on two shared cores, but it keeps
+            # stepping; a stopped or wedged rank does neither.
+            if stale_s > timeout_s and now - max(snap.step_at, snap.committed_at) > timeout_s:
                 self.hung_reported.add((rank, self.generation))
                 log.warning("rank %d (pid %d) silent for %.2f s: hung", rank, proc.pid, stale_s)
                 self._call(

@@ -9,6 +9,7 @@ from its echoes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -157,10 +158,8 @@ class RankProcess:
 
     def signal(self, sig: signal.Signals) -> None:
         if self.alive:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)

@@ -18,6 +18,10 @@ _COMMANDS: dict[str, str] = {
     "validate": "validate",
     "plan": "plan",
     "launch": "launch",
+    "run": "run",
+    "status": "status",
+    "events": "events",
+    "inject": "inject",
 }
 
 

@@ -1,0 +1,61 @@
+"""``unbroken events [RUN]``: what happened, from the run's ledger, and the incident timelines."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+from unbroken.cli.rundir import RunDirError, find_run
+from unbroken.ledger import Ledger, LedgerError, Record, format_incidents, incidents
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("events", help="the events of a run (default: the newest under ./runs)")
+    p.add_argument("run", type=Path, nargs="?", default=None, help="a run directory")
+    p.add_argument("--kind", action="append", default=None, help="only events of this kind")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--incidents", action="store_true", help="per-incident phase timelines")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+
+
+def _line(rec: Record, as_json: bool) -> str:
+    if as_json:
+        return json.dumps({"id": rec.id, "at": rec.at, "kind": rec.kind, **rec.data})
+    when = datetime.datetime.fromtimestamp(rec.at).strftime("%H:%M:%S.%f")[:-3]
+    fields = " ".join(f"{k}={v}" for k, v in rec.data.items() if v not in (None, "", (), [], {}))
+    return f"{rec.id:5d} {when} {rec.kind:<20} {fields}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        run_dir = find_run(args.run)
+        ledger = Ledger(run_dir / "ledger.db", create=False)
+    except (RunDirError, LedgerError) as exc:
+        print(f"unbroken events: {exc}", file=sys.stderr)
+        return 1
+    try:
+        records = ledger.events(kinds=args.kind)
+        if args.incidents:
+            found = incidents(ledger.events())
+            print(format_incidents(found) if found else "no incidents")
+            return 0
+        for rec in records:
+            print(_line(rec, args.json))
+        last = ledger.last_id()
+        while args.follow:
+            st = ledger.status()
+            for rec in ledger.events(since_id=last, kinds=args.kind):
+                print(_line(rec, args.json), flush=True)
+                last = rec.id
+            if st is not None and st.phase.finished:
+                break
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ledger.close()
+    return 0

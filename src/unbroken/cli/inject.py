@@ -1,0 +1,67 @@
+"""``unbroken inject KIND``: a real fault into a running job, through its control plane.
+
+Kinds: ``kill`` (SIGKILL a rank or every rank of a pod), ``exception`` (a Python exception
+raised in the rank), ``hang`` (SIGSTOP), ``node`` (every process of a node dies at once),
+``device`` (a device fault code through the ``sim`` health provider).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from unbroken.chaos import InjectKind
+from unbroken.cli.rundir import RunDirError, control_of, find_run
+from unbroken.rpc import ControlClient, RpcError
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("inject", help="inject a fault into a running job")
+    p.add_argument("kind", choices=[k.value for k in InjectKind])
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--rank", type=int)
+    target.add_argument("--pod")
+    target.add_argument("--node")
+    p.add_argument("--device", type=int, default=None)
+    p.add_argument("--code", default=None, help="device fault code, e.g. 80E01801")
+    p.add_argument("--run", type=Path, default=None, help="run directory (default: newest)")
+
+
+def run(args: argparse.Namespace) -> int:
+    kind = InjectKind(args.kind)
+    if kind in (InjectKind.NODE, InjectKind.DEVICE) and args.node is None:
+        print(f"unbroken inject: {kind} needs --node", file=sys.stderr)
+        return 2
+    if kind is InjectKind.DEVICE and (args.device is None or args.code is None):
+        print("unbroken inject: device needs --device and --code", file=sys.stderr)
+        return 2
+    if kind not in (InjectKind.NODE, InjectKind.DEVICE) and args.node is not None:
+        print(f"unbroken inject: {kind} targets --rank or --pod", file=sys.stderr)
+        return 2
+    try:
+        control = control_of(find_run(args.run))
+    except RunDirError as exc:
+        print(f"unbroken inject: {exc}", file=sys.stderr)
+        return 1
+    client = ControlClient(str(control["address"]), str(control["secret"]), timeout_s=15.0)
+    body = {
+        "kind": kind.value,
+        "rank": args.rank,
+        "pod": args.pod,
+        "node": args.node,
+        "device": args.device,
+        "code": args.code,
+    }
+    try:
+        reply = client.call("Inject", body)
+    except RpcError as exc:
+        print(f"unbroken inject: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if not reply.get("ok"):
+        print(f"unbroken inject: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(reply.get("detail", "injected"))
+    return 0

@@ -1,0 +1,153 @@
+"""``unbroken run JOB.yaml``: the control plane and a local cluster, training to the end.
+
+Starts, in this process, the fault center, scheduler, operator and job manager with an SQLite
+ledger under a run directory; creates the local cluster (the nodes the job needs plus one spare
+unless ``--cluster`` says otherwise); places the pods; starts one agent process per pod; trains
+to the end while printing what happens; prints a summary. Exit 0 when the job succeeded, 1 when
+it failed or the input was wrong (with the reason), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from unbroken.chaos import ChaosError, ChaosFault, load_chaos
+from unbroken.cli.rundir import RunDirError, new_run_dir
+from unbroken.faults import CodeTableError
+from unbroken.ledger import Ledger, LedgerError, format_incidents, incidents
+from unbroken.manager.console import Console
+from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
+from unbroken.operator import plan as make_plan
+from unbroken.spec import ClusterSpec, JobSpec, SpecError, load_cluster, load_job
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", help="run a job on a local cluster, recovering from faults")
+    p.add_argument("job", type=Path, help="the job YAML")
+    p.add_argument("--cluster", type=Path, default=None, help="the cluster YAML")
+    p.add_argument("--chaos", type=Path, default=None, help="faults to inject (YAML)")
+    p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<job>-<time>")
+    p.add_argument("--codes", type=Path, default=None, help="override of the fault code table")
+    p.add_argument("--agent-timeout", type=float, default=2.0, help="s before a node is lost")
+    p.add_argument("--hang-timeout", type=float, default=3.0, help="least s of silence = hang")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+
+
+def _fail(msg: str) -> int:
+    print(f"unbroken run: {msg}", file=sys.stderr)
+    return 1
+
+
+def _script_path(job: JobSpec, script: str) -> Path:
+    p = Path(script)
+    candidates = [p] if p.is_absolute() else [job.source.parent / p, Path.cwd() / p]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise FileNotFoundError(
+        f"training script {script!r} not found (looked in "
+        + ", ".join(str(c.parent) for c in candidates)
+        + ")"
+    )
+
+
+def _total_steps(args: tuple[str, ...]) -> int | None:
+    for i, a in enumerate(args):
+        if a == "--steps" and i + 1 < len(args) and args[i + 1].isdigit():
+            return int(args[i + 1])
+        if a.startswith("--steps=") and a[8:].isdigit():
+            return int(a[8:])
+    return None
+
+
+def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout:
+    the_plan = make_plan(job, cluster)
+    # A MindSpore Scheduler pod has no node rank and runs no training process.
+    training = [p for p in the_plan.pods if p.node_rank is not None]
+    pods = tuple(
+        PodLayout(name=p.name, node_rank=p.node_rank, nproc=p.launcher.nproc_per_node, env=p.env)
+        for p in training
+        if p.node_rank is not None
+    )
+    if not pods:
+        raise ValueError(f"{job.source}: the job has no training pods")
+    first = training[0]
+    if first.script is None:
+        raise ValueError(f"{job.source}: no training script found in the container command")
+    script = _script_path(job, first.script)
+    return JobLayout(
+        job_id=job.name,
+        pods=pods,
+        script=str(script),
+        script_args=tuple(first.script_args),
+        fault_handling=job.fault_handling,
+        workdir=run_dir,
+        master_port=first.launcher.master_port,
+        total_steps=_total_steps(tuple(first.script_args)),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from unbroken.manager.job import JobManager, ManagerError
+
+    try:
+        job = load_job(args.job)
+        cluster = load_cluster(args.cluster, job)
+    except SpecError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    for w in (*job.warnings, *cluster.warnings):
+        print(f"warning: {w}", file=sys.stderr)
+    try:
+        run_dir = new_run_dir(job.name, args.run_dir)
+        layout = build_layout(job, cluster, run_dir)
+    except (RunDirError, ValueError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
+    chaos: tuple[ChaosFault, ...] = ()
+    if args.chaos is not None:
+        try:
+            chaos = load_chaos(args.chaos, layout.world_size, [p.name for p in layout.pods], nodes)
+        except ChaosError as exc:
+            return _fail(str(exc))
+    cl = ClusterLayout(
+        nodes=nodes,
+        devices_per_node=cluster.devices_per_node,
+        list_watch_period_s=cluster.list_watch_period_s,
+        auto_stowing=cluster.auto_stowing,
+        code_table=args.codes,
+    )
+    opts = ManagerOptions(
+        agent_timeout_s=args.agent_timeout, hang_floor_s=args.hang_timeout, quiet=args.quiet
+    )
+    console = Console(quiet=args.quiet)
+    try:
+        ledger = Ledger(run_dir / "ledger.db")
+    except LedgerError as exc:
+        return _fail(str(exc))
+    console.line(f"run directory {run_dir}")
+    try:
+        manager = JobManager(layout, cl, run_dir, ledger, chaos, opts, console)
+        outcome = manager.run()
+    except (ManagerError, CodeTableError) as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted; every process of the run was stopped")
+    found = incidents(ledger.events())
+    ledger.close()
+    lost = sum(i.mttr_s or 0.0 for i in found)
+    print(
+        f"\njob {layout.job_id}: {'SUCCEEDED' if outcome.succeeded else 'FAILED'} "
+        f"after {outcome.elapsed_s:.1f} s; step {outcome.step}"
+        + (f"/{layout.total_steps}" if layout.total_steps else "")
+        + f"; {outcome.faults} fault(s), {outcome.recoveries} recovery(ies), "
+        f"{lost:.2f} s lost to recovery"
+    )
+    if found:
+        print(format_incidents(found))
+    if not outcome.succeeded:
+        print(f"reason: {outcome.reason}", file=sys.stderr)
+    print(f"ledger: {run_dir / 'ledger.db'} (unbroken events {run_dir})")
+    return 0 if outcome.succeeded else 1

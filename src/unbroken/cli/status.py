@@ -1,0 +1,51 @@
+"""``unbroken status [RUN]``: what is running (or what ran), from the run's ledger."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from unbroken.cli.rundir import RunDirError, find_run
+from unbroken.ledger import Ledger, LedgerError
+from unbroken.ledger.store import encode_status
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="the state of a run (default: the newest under ./runs)")
+    p.add_argument("run", type=Path, nargs="?", default=None, help="a run directory")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        run_dir = find_run(args.run)
+        ledger = Ledger(run_dir / "ledger.db", create=False)
+    except (RunDirError, LedgerError) as exc:
+        print(f"unbroken status: {exc}", file=sys.stderr)
+        return 1
+    st = ledger.status()
+    ledger.close()
+    if st is None:
+        print(f"unbroken status: {run_dir}: the job has not started yet", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(encode_status(st), indent=2))
+        return 0
+    total = f"/{st.total_steps}" if st.total_steps else ""
+    age = time.time() - st.updated_at
+    print(f"run:         {run_dir}")
+    print(f"job:         {st.job}")
+    print(f"phase:       {st.phase}" + (f" ({st.message})" if st.message else ""))
+    print(f"step:        {st.step}{total}   generation {st.generation}")
+    print(f"faults:      {st.faults}   recoveries {st.recoveries}")
+    print(f"updated:     {age:.1f} s ago")
+    for pod in st.pods:
+        ranks = ", ".join(f"{r}:{p}" for r, p in zip(pod.ranks, pod.pids, strict=True))
+        print(
+            f"  pod {pod.name:<24} node {pod.node or '-':<8} devices {list(pod.devices)}  "
+            f"ranks(pid) {ranks or '-'}"
+        )
+    return 0

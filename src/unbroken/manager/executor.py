@@ -1,0 +1,366 @@
+"""Carrying out the policy's commands on the embedded cluster.
+
+The policy decides; this module acts: isolating devices and nodes in the scheduler's cluster
+state, stopping pods (SIGTERM and a grace period, or SIGKILL), placing pods, starting agents and
+telling running agents to restart their ranks under a new rendezvous generation. What it cannot
+do (a rung this executor does not implement, a pod that cannot be placed) goes back to the policy
+as an event, so a failed rung always falls to the next one.
+
+Every restart is a new *generation*: every rank of the job, in every pod, starts again and joins
+the process group under the store prefix of the new generation. In a data-parallel job the
+healthy ranks of a broken world cannot continue without process-level recovery, so an in-pod
+restart of the faulty pod is a restart of the world's processes, each on its own node, from the
+latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from unbroken.devices import DeviceFaulted, DeviceRecovered
+from unbroken.faults import Fault, FaultKind
+from unbroken.ledger import (
+    DecisionMade,
+    DeviceIsolated,
+    DeviceReturned,
+    NodeIsolated,
+    PodPlaced,
+    PodsStopped,
+)
+from unbroken.manager.pods import agent_argv, start_pod
+from unbroken.policy import (
+    Command,
+    DeviceRef,
+    FailJob,
+    IsolateDevice,
+    IsolateNode,
+    PodUnschedulable,
+    Recovering,
+    RecoveryFailed,
+    RescheduleJob,
+    ReschedulePods,
+    RestartProcesses,
+    decide,
+)
+from unbroken.policy import Event as PolicyEvent
+from unbroken.scheduler import Pod, Unschedulable, place
+
+if TYPE_CHECKING:
+    from unbroken.manager.job import JobManager
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(self, manager: JobManager) -> None:
+        self.m = manager
+        self._queue: list[PolicyEvent] = []
+        self._deciding = False
+
+    # ---- the policy -------------------------------------------------------------------
+    def policy(self, event: PolicyEvent, now: float) -> None:
+        """Feed an event to the policy and carry out its commands (iteratively: a command
+        that fails feeds a new event, handled after the current decision's commands)."""
+        self._queue.append(event)
+        if self._deciding:
+            return
+        self._deciding = True
+        try:
+            while self._queue and self.m.outcome is None:
+                ev = self._queue.pop(0)
+                d = decide(self.m.policy_state, ev, self.m.fh, now)
+                self.m.policy_state = d.state
+                if not d.commands:
+                    continue
+                strategy = str(d.state.rung) if isinstance(d.state, Recovering) else "none"
+                inc = self.m.incident
+                if inc is not None:
+                    inc.strategy = strategy
+                self.m.ledger.record(
+                    DecisionMade(
+                        fault_id=inc.fault_id if inc else "",
+                        strategy=strategy,
+                        commands=tuple(repr(c) for c in d.commands),
+                        reason=d.reason,
+                    )
+                )
+                self.m.console.line(f"decision: {strategy}: {d.reason}")
+                for cmd in d.commands:
+                    if self.m.outcome is not None:
+                        break
+                    self.execute(cmd, now)
+        finally:
+            self._deciding = False
+
+    def execute(self, cmd: Command, now: float) -> None:
+        match cmd:
+            case IsolateDevice(node=node, device=device, level=level):
+                self._isolate_device(node, device, f"fault level {level}")
+            case IsolateNode(node=node):
+                self._isolate_node(node, "node lost")
+            case RestartProcesses():
+                self._restart_in_place()
+            case ReschedulePods(pods=pods, isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
+                self._isolate_all(devs, nodes)
+                self._reschedule(tuple(pods), g)
+            case RescheduleJob(isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
+                self._isolate_all(devs, nodes)
+                self._reschedule(tuple(p.name for p in self.m.job.pods), g)
+            case FailJob(reason=reason):
+                self.m.finish(False, reason)
+            case _:
+                self._queue.append(
+                    RecoveryFailed(
+                        reason=f"{type(cmd).__name__} is not carried out by the embedded "
+                        "executor in this version",
+                        at=now,
+                    )
+                )
+
+    # ---- isolation --------------------------------------------------------------------
+    def _isolate_all(self, devs: tuple[DeviceRef, ...], nodes: tuple[str, ...]) -> None:
+        for d in devs:
+            self._isolate_device(d.node, d.device, "fault")
+        for n in nodes:
+            self._isolate_node(n, "node lost")
+
+    def _isolate_device(self, node: str, device: int, reason: str) -> None:
+        if self.m.cluster.device_isolated(node, device):
+            return
+        self.m.cluster = self.m.cluster.isolate_device(node, device, reason)
+        code = next(
+            (f.code for f in reversed(self.m.history) if f.node == node and f.device == device),
+            None,
+        )
+        self.m.ledger.record(DeviceIsolated(node=node, device=device, code=code, reason=reason))
+        self.m.console.line(f"device {device} of {node} isolated ({reason})")
+
+    def _isolate_node(self, node: str, reason: str) -> None:
+        if node in self.m.cluster.isolated_nodes:
+            return
+        self.m.cluster = self.m.cluster.isolate_node(node, reason)
+        self.m.ledger.record(NodeIsolated(node=node, reason=reason))
+        self.m.console.line(f"node {node} isolated ({reason})")
+
+    def device_event(self, event: Any) -> None:
+        now = time.time()
+        if isinstance(event, DeviceFaulted):
+            pod = self.m.cluster.pod_on(event.node)
+            ranks: tuple[int, ...] = ()
+            binding = self.m.cluster.bindings.get(pod) if pod else None
+            if pod is not None and binding is not None and event.device in binding.devices:
+                local = binding.devices.index(event.device)
+                ranks = (self.m.job.ranks_of(pod)[local],)
+            else:
+                pod = None  # the device holds no rank of this job
+            code = event.code or "unknown"
+            kind = self.m.codes.kind_for(code)
+            fault = Fault(
+                kind=kind,
+                level=self.m.codes.level_for(kind, code),
+                code=code,
+                at=event.occurred_at,
+                node=event.node,
+                pod=pod,
+                ranks=ranks,
+                device=event.device,
+                detail=f"device {event.device} of {event.node} reported {code}: {event.detail}",
+            )
+            self.m.fault_detected(fault, now)
+        elif isinstance(event, DeviceRecovered) and (
+            self.m.cl.auto_stowing and self.m.cluster.device_isolated(event.node, event.device)
+        ):
+            self.m.cluster = self.m.cluster.return_device(event.node, event.device)
+            self.m.ledger.record(
+                DeviceReturned(
+                    node=event.node, device=event.device, reason="healthy again (autoStowing)"
+                )
+            )
+            self.m.console.line(f"device {event.device} of {event.node} back in the pool")
+
+    # ---- feasibility ------------------------------------------------------------------
+    def spare_node_free(self) -> bool:
+        c = self.m.cluster
+        bound = {b.node for b in c.bindings.values()}
+        return any(
+            n.name not in bound
+            and n.name not in c.isolated_nodes
+            and len(c.healthy_devices(n.name)) >= self.m.job.nproc_per_node
+            for n in c.nodes
+        )
+
+    def schedulable(self, fault: Fault) -> bool:
+        if fault.pod is None:
+            return True
+        c = self.m.cluster
+        if fault.node is not None:
+            if fault.kind is FaultKind.NODE_LOST:
+                c = c.isolate_node(fault.node, "probe")
+            elif fault.device is not None and fault.level.isolates_device:
+                c = c.isolate_device(fault.node, fault.device, "probe")
+        c = c.release(fault.pod)
+        pods = [Pod(name=fault.pod, devices_needed=self.m.job.nproc_per_node)]
+        return not isinstance(place(c, pods), Unschedulable)
+
+    # ---- pods -------------------------------------------------------------------------
+    def _next_generation(self) -> int:
+        self.m.generation += 1
+        self.m.ranks = {}
+        self.m.open_store()
+        if self.m.incident is not None:
+            self.m.incident.generations.add(self.m.generation)
+        return self.m.generation
+
+    def _restart_in_place(self) -> None:
+        dead = [p.pod for p in self.m.pods.values() if not p.alive or p.lost]
+        if dead:
+            self._queue.append(
+                RecoveryFailed(
+                    reason=f"pod(s) {', '.join(dead)} have no running agent to restart",
+                    at=time.time(),
+                )
+            )
+            return
+        gen = self._next_generation()
+        for p in self.m.pods.values():
+            p.generation = gen
+            p.finished = False
+            self.m.commands.send(
+                p.pod,
+                p.pid,
+                {"op": "restart", "generation": gen, "master_port": self.m.master_port},
+            )
+        self.m.console.line(f"generation {gen}: ranks restart in place")
+
+    def _stop(self, pods: tuple[str, ...], grace_s: float | None) -> None:
+        procs = [self.m.pods[p] for p in pods if p in self.m.pods]
+        for p in procs:
+            if p.alive and not p.lost:
+                self.m.commands.send(
+                    p.pod, p.pid, {"op": "stop", "grace_s": grace_s, "success": False}
+                )
+        deadline = time.monotonic() + (grace_s or 0.0) + 3.0
+        for p in procs:
+            left = max(0.0, deadline - time.monotonic())
+            if p.lost or p.reap(left) is None:
+                p.kill_all()
+                p.reap(5.0)
+            else:
+                p.kill_all()  # ranks the agent may have left behind
+            p.stopped = True
+        if procs:
+            self.m.ledger.record(
+                PodsStopped(
+                    pods=tuple(p.pod for p in procs),
+                    graceful=grace_s is not None,
+                    generation=self.m.generation,
+                )
+            )
+        for p in procs:
+            self.m.cluster = self.m.cluster.release(p.pod)
+            del self.m.pods[p.pod]
+
+    def stop_all(self, grace_s: float | None, success: bool) -> None:
+        for p in list(self.m.pods.values()):
+            if p.alive:
+                self.m.commands.send(
+                    p.pod, p.pid, {"op": "stop", "grace_s": grace_s, "success": success}
+                )
+        deadline = time.monotonic() + (grace_s or 0.0) + 3.0
+        for p in list(self.m.pods.values()):
+            if p.reap(max(0.0, deadline - time.monotonic())) is None:
+                p.kill_all()
+                p.reap(5.0)
+            else:
+                p.kill_all()
+
+    def _reschedule(self, pods: tuple[str, ...], grace_s: float | None) -> None:
+        self._stop(pods, grace_s)
+        keep = {p: proc.node for p, proc in self.m.pods.items()}
+        self.place_and_start(pods, prefer={})
+        if self.m.outcome is not None or any(p not in self.m.pods for p in pods):
+            return
+        gen = self.m.generation
+        for name in keep:
+            proc = self.m.pods[name]
+            proc.generation = gen
+            proc.finished = False
+            self.m.commands.send(
+                name,
+                proc.pid,
+                {"op": "restart", "generation": gen, "master_port": self.m.master_port},
+            )
+
+    def place_and_start(self, pods: tuple[str, ...], prefer: Mapping[str, str]) -> None:
+        job = self.m.job
+        wanted = [Pod(name=p, devices_needed=job.nproc_per_node) for p in pods]
+        result = place(self.m.cluster, wanted, prefer)
+        if isinstance(result, Unschedulable):
+            self.m.console.line(f"cannot place {result.pod}: {result.reason}")
+            if self.m.generation == 0 and not self.m.pods and self.m.incident is None:
+                self.m.finish(False, f"cannot place pod {result.pod}: {result.reason}")
+                return
+            self._queue.append(PodUnschedulable(pod=result.pod, at=time.time()))
+            return
+        self.m.cluster = self.m.cluster.bind(result.bindings)
+        gen = self._next_generation() if self.m.pods or self.m.incident else self.m.generation
+        for b in result.bindings:
+            self.m.ledger.record(
+                PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
+            )
+            self.m.console.line(f"pod {b.pod} placed on {b.node} (devices {list(b.devices)})")
+            self._start_agent(b.pod, b.node, b.devices, gen)
+
+    def _start_agent(self, pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
+        m = self.m
+        layout = next(p for p in m.job.pods if p.name == pod)
+        env = dict(os.environ)
+        env.update(layout.env)
+        env.update(
+            {
+                "UNBROKEN_CONTROL": m.server.address,
+                "UNBROKEN_SECRET": m.secret,
+                "UNBROKEN_POD": pod,
+                "UNBROKEN_NODE": node,
+                "UNBROKEN_DEVICES": ",".join(map(str, devices)),
+                "UNBROKEN_RUN_DIR": str(m.run_dir),
+                "UNBROKEN_JOB_ID": m.job.job_id,
+                "UNBROKEN_HANG_FLOOR_S": str(m.opt.hang_floor_s),
+                "UNBROKEN_HANG_FACTOR": str(m.opt.hang_factor),
+                "UNBROKEN_CHAOS": json.dumps(
+                    [
+                        c.to_json()
+                        for c in m.chaos
+                        if c.in_rank and m.job.pod_of_rank(c.rank or 0) == pod
+                    ]
+                ),
+                "UNBROKEN_CHAOS_DIR": str(m.run_dir / "chaos"),
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            }
+        )
+        argv = agent_argv(
+            nproc_per_node=layout.nproc,
+            nnodes=len(m.job.pods),
+            node_rank=layout.node_rank,
+            master_addr="127.0.0.1",
+            master_port=m.master_port,
+            max_restarts=m.fh.max_restarts,
+            monitor_interval_s=m.fh.monitor_interval_s,
+            run_id=m.job.job_id,
+            script=m.job.script,
+            script_args=m.job.script_args,
+        )
+        m.pods[pod] = start_pod(
+            pod=pod,
+            node=node,
+            generation=gen,
+            argv=argv,
+            env=env,
+            log_path=m.run_dir / "pods" / pod / "agent.log",
+            cwd=m.job.workdir,
+        )

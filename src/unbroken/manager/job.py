@@ -1,0 +1,729 @@
+"""The job manager: owns the rendezvous store, feeds faults to the policy, executes decisions.
+
+It runs in the control plane process, never in a training pod, so the death of rank 0's node
+takes neither the store nor the manager with it. One thread (the loop in :meth:`JobManager.run`)
+owns all state; RPC handlers, the device watcher and timers only post messages to its inbox.
+
+Detection (DESIGN section 3):
+
+- a rank exit is reported by its agent at once (signal, exit status, traceback);
+- a rank that exits because a *peer* died (gloo's "connection closed") is an echo: it is held
+  back (``settle_s``, or until a silent agent would be declared lost) so that the first fault,
+  not its echo, is the one handled;
+- a hang is reported by the agent when a rank's liveness tick stops (SIGSTOP, a wedged process);
+- a node is lost when its agent misses heartbeats for ``agent_timeout_s``;
+- a device fault comes from the health provider, polled every ``listWatchPeriod``.
+
+Reports from an older generation than the current one are echoes of a fault already handled.
+Decisions come from :func:`unbroken.policy.decide`; this module only executes them
+(:mod:`unbroken.manager.executor`) and records every fact in the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unbroken.chaos import ChaosFault, InjectKind
+from unbroken.devices import DeviceWatcher, SimProvider, inject_device_fault
+from unbroken.faults import CodeTable, Fault, FaultKind, escalate
+from unbroken.ledger import (
+    CommunicationReady,
+    FaultDetected,
+    FirstStepCommitted,
+    JobFailed,
+    JobPhase,
+    JobStatus,
+    JobSubmitted,
+    JobSucceeded,
+    Ledger,
+    PodStatus,
+    ProcessesStarted,
+    RecoveryCompleted,
+    StateLoaded,
+    StateSource,
+    StepProgress,
+)
+from unbroken.manager.console import Console
+from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
+from unbroken.manager.pods import PodProcess
+from unbroken.manager.progress import (
+    RankView,
+    committed_step,
+    generation_phases,
+    median_step_time,
+)
+from unbroken.manager.service import CommandQueues, Inbound, build_server
+from unbroken.policy import FaultDetected as PolicyFault
+from unbroken.policy import Feasibility, Running
+from unbroken.policy import RecoveryCompleted as PolicyRecovered
+from unbroken.policy import Tick as PolicyTick
+from unbroken.scheduler import Cluster
+
+log = logging.getLogger(__name__)
+
+
+class ManagerError(RuntimeError):
+    """The job could not be started or run; the message says why."""
+
+
+@dataclass
+class RunOutcome:
+    succeeded: bool
+    reason: str
+    step: int
+    faults: int
+    recoveries: int
+    elapsed_s: float
+
+
+@dataclass
+class PendingFault:
+    fault: Fault
+    received_at: float
+    echo: bool
+
+
+@dataclass
+class Incident:
+    fault_id: str
+    fault: Fault
+    step_at_fault: int
+    strategy: str = ""
+    generations: set[int] = field(default_factory=set)
+
+
+class JobManager:
+    """Runs one job on the embedded cluster until it succeeds or fails."""
+
+    def __init__(
+        self,
+        job: JobLayout,
+        cluster: ClusterLayout,
+        run_dir: Path,
+        ledger: Ledger,
+        chaos: tuple[ChaosFault, ...] = (),
+        options: ManagerOptions | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.job = job
+        self.cl = cluster
+        self.run_dir = run_dir
+        self.ledger = ledger
+        self.chaos = chaos
+        self.opt = options or ManagerOptions()
+        self.console = console or Console(quiet=True)
+        self.fh = job.fault_handling
+        self.codes = CodeTable.load(cluster.code_table)
+        self.secret = secrets.token_hex(16)
+        self.inbox: queue.Queue[Inbound] = queue.Queue()
+        self.commands = CommandQueues()
+        self.cluster = Cluster.of({n: cluster.devices_per_node for n in cluster.nodes})
+        self.pods: dict[str, PodProcess] = {}
+        self.ranks: dict[int, RankView] = {}
+        self.generation = 0
+        self.policy_state: Any = Running()
+        self.pending: list[PendingFault] = []
+        self.history: list[Fault] = []
+        self.incident: Incident | None = None
+        self.n_faults = 0
+        self.n_recoveries = 0
+        self.started_at = time.time()
+        self.progress_step = 0
+        self.fired_chaos: set[int] = set()
+        self.phases_done: dict[str, int] = {}
+        self.outcome: RunOutcome | None = None
+        self.store: Any = None
+        self.server: Any = None
+        self.watcher: DeviceWatcher | None = None
+        self.sim_dir = run_dir / "devices"
+        self.control_file = run_dir / "control.json"
+        self.next_status_at = 0.0
+        self.master_port = 0
+        # imported late: the executor needs the manager's attributes above
+        from unbroken.manager.executor import Executor
+
+        self.executor = Executor(self)
+
+    # ---- life cycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self.open_store(self.job.master_port or 0)
+        self.server = build_server(self.secret, self.inbox, self.commands, answer_timeout_s=10.0)
+        self.server.start()
+        self._write_control_file()
+        provider = SimProvider(self.sim_dir, {n: self.cl.devices_per_node for n in self.cl.nodes})
+        self.watcher = DeviceWatcher(
+            provider,
+            self.cl.list_watch_period_s,
+            lambda ev: self.inbox.put(Inbound("Device", {"event": ev})),
+        )
+        self.watcher.start()
+        self.ledger.record(
+            JobSubmitted(
+                job=self.job.job_id,
+                pods=tuple(p.name for p in self.job.pods),
+                world_size=self.job.world_size,
+                total_steps=self.job.total_steps,
+                strategies=self.fh.strategies,
+            )
+        )
+        self.console.line(
+            f"job {self.job.job_id}: {len(self.job.pods)} pods x {self.job.nproc_per_node} ranks "
+            f"on {len(self.cl.nodes)} nodes; control plane {self.server.address}, "
+            f"store 127.0.0.1:{self.master_port}"
+        )
+        self.executor.place_and_start(tuple(p.name for p in self.job.pods), prefer={})
+        if self.outcome is None and not self.pods:
+            raise ManagerError("no pod could be placed")
+
+    def open_store(self, port: int = 0) -> None:
+        """A fresh rendezvous store for the next generation.
+
+        torch 2.13's env:// rendezvous under ``TORCHELASTIC_USE_AGENT_STORE`` puts no
+        per-attempt prefix on its keys, so a store reused across restarts hands restarted
+        ranks the addresses of dead ones (pytorch/pytorch#135712). Every generation gets its
+        own store instead; only the first uses the job's ``--master_port`` when it gives one.
+        """
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+        try:
+            store = TCPStore(
+                "127.0.0.1", port, is_master=True, wait_for_workers=False, use_libuv=True
+            )
+        except Exception as exc:
+            raise ManagerError(
+                f"cannot open the rendezvous store on 127.0.0.1:{port}"
+                f"{' (--master_port of the job: is the port in use?)' if port else ''}: {exc}"
+            ) from None
+        self.store = store  # the previous generation's store closes with its last reference
+        self.master_port = int(store.port)
+
+    def _write_control_file(self) -> None:
+        tmp = self.control_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(
+                {
+                    "address": self.server.address,
+                    "secret": self.secret,
+                    "pid": os.getpid(),
+                    "job": self.job.job_id,
+                },
+                f,
+            )
+        os.replace(tmp, self.control_file)
+
+    def run(self) -> RunOutcome:
+        try:
+            self.start()
+            while self.outcome is None:
+                try:
+                    msg = self.inbox.get(timeout=0.05)
+                    self._handle(msg)
+                    while self.outcome is None:
+                        self._handle(self.inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                if self.outcome is None:
+                    self._tick(time.time())
+        finally:
+            self.shutdown()
+        assert self.outcome is not None
+        return self.outcome
+
+    def shutdown(self) -> None:
+        success = self.outcome is not None and self.outcome.succeeded
+        self.executor.stop_all(grace_s=None if not success else 5.0, success=success)
+        self.commands.closed.set()
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.server is not None:
+            self.server.stop(0.2)
+        self.control_file.unlink(missing_ok=True)
+        self.store = None
+
+    def finish(self, succeeded: bool, reason: str) -> None:
+        if self.outcome is not None:
+            return
+        step = committed_step(self.ranks.values()) if self.ranks else self.progress_step
+        if succeeded:
+            self.ledger.record(JobSucceeded(step=step))
+        else:
+            self.ledger.record(JobFailed(reason=reason, step=step))
+        self.outcome = RunOutcome(
+            succeeded=succeeded,
+            reason=reason,
+            step=step,
+            faults=self.n_faults,
+            recoveries=self.n_recoveries,
+            elapsed_s=time.time() - self.started_at,
+        )
+        self._write_status(time.time(), force=True)
+        self.console.line(("succeeded: " if succeeded else "FAILED: ") + reason)
+
+    # ---- inbox ------------------------------------------------------------------------
+    def _handle(self, msg: Inbound) -> None:
+        body = msg.body
+        match msg.method:
+            case "AgentHello":
+                self._hello(msg)
+            case "AgentHeartbeat":
+                self._heartbeat(body)
+            case "AgentReport":
+                self._report(body)
+            case "Device":
+                self.executor.device_event(body["event"])
+            case "Inject":
+                assert msg.reply is not None
+                try:
+                    detail = self.inject_request(body)
+                    msg.reply.put({"ok": True, "detail": detail})
+                except ValueError as exc:
+                    msg.reply.put({"ok": False, "error": str(exc)})
+            case _:
+                log.error("unknown message %s", msg.method)
+
+    def _pod_by_pid(self, body: dict[str, Any]) -> PodProcess | None:
+        """The pod of the agent that sent ``body``; None for an agent of a replaced pod."""
+        pod = self.pods.get(str(body.get("pod")))
+        if pod is None or int(body.get("agent_pid", -1)) != pod.pid:
+            return None
+        return pod
+
+    def _hello(self, msg: Inbound) -> None:
+        assert msg.reply is not None
+        pod = self._pod_by_pid(msg.body)
+        if pod is None or pod.stopped:
+            log.warning(
+                "refused the hello of %s (agent pid %s)",
+                msg.body.get("pod"),
+                msg.body.get("agent_pid"),
+            )
+            msg.reply.put({"ok": False, "error": "unknown or replaced pod"})
+            return
+        pod.hello_at = pod.last_heartbeat_at = time.time()
+        msg.reply.put({"ok": True, "generation": pod.generation})
+
+    def _heartbeat(self, body: dict[str, Any]) -> None:
+        pod = self._pod_by_pid(body)
+        if pod is None or int(body.get("generation", -1)) < 0:
+            return
+        pod.last_heartbeat_at = time.time()
+        if int(body["generation"]) != self.generation:
+            return
+        for row in body.get("ranks", []):
+            view = self.ranks.get(int(row["rank"]))
+            if view is not None and view.pid == int(row["pid"]):
+                view.update(row)
+
+    def _report(self, body: dict[str, Any]) -> None:
+        pod = self._pod_by_pid(body)
+        if pod is None:
+            return
+        pod.last_heartbeat_at = time.time()
+        gen = int(body.get("generation", -1))
+        event = body["event"]
+        if event == "pod-finished":
+            if gen == self.generation:
+                pod.finished = True
+                if all(p.finished for p in self.pods.values()):
+                    self.finish(True, f"all {self.job.world_size} ranks finished")
+            return
+        if event == "pod-stopped":
+            pod.stopped = True
+            return
+        if gen != self.generation:
+            log.info(
+                "ignoring %s from %s of generation %d (now %d)",
+                event,
+                pod.pod,
+                gen,
+                self.generation,
+            )
+            return
+        if event == "ranks-started":
+            pids = {int(r): int(p) for r, p in body["pids"].items()}
+            pod.rank_pids = pids
+            for rank, pid in pids.items():
+                self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
+            self.ledger.record(
+                ProcessesStarted(
+                    pod=pod.pod,
+                    node=pod.node,
+                    ranks=tuple(sorted(pids)),
+                    pids=tuple(pids[r] for r in sorted(pids)),
+                    generation=gen,
+                ),
+                at=float(body.get("started_at", time.time())),
+            )
+        elif event == "rank-exited":
+            self._rank_exited(pod, body)
+        elif event == "rank-hung":
+            fault = Fault(
+                kind=FaultKind.HANG,
+                level=self.codes.level_for(FaultKind.HANG, "heartbeat-timeout"),
+                code="heartbeat-timeout",
+                at=float(body["last_tick_at"]),
+                node=pod.node,
+                pod=pod.pod,
+                ranks=(int(body["rank"]),),
+                detail=f"rank {body['rank']} (pid {body['pid']}) silent for "
+                f"{float(body['silent_s']):.2f} s (timeout {float(body['timeout_s']):.2f} s)",
+            )
+            self.pending.append(PendingFault(fault, time.time(), echo=False))
+
+    def _rank_exited(self, pod: PodProcess, body: dict[str, Any]) -> None:
+        rank = int(body["rank"])
+        view = self.ranks.get(rank)
+        if view is not None:
+            view.alive = False
+            if body.get("committed") is not None:
+                view.committed = max(view.committed, int(body["committed"]))
+        tb = str(body.get("traceback") or "")
+        sig = body.get("signal")
+        if sig:
+            kind, code = FaultKind.PROCESS_EXIT, f"signal:{sig}"
+        elif "Traceback (most recent call last)" in tb:
+            kind, code = FaultKind.EXCEPTION, f"exit:{body['returncode']}"
+        else:
+            kind, code = FaultKind.PROCESS_EXIT, f"exit:{body['returncode']}"
+        last = tb.strip().splitlines()[-1] if tb.strip() and not sig else ""
+        fault = Fault(
+            kind=kind,
+            level=self.codes.level_for(kind, code),
+            code=code,
+            at=float(body["exited_at"]),
+            node=pod.node,
+            pod=pod.pod,
+            ranks=(rank,),
+            detail=(
+                f"rank {rank} (pid {body['pid']}) "
+                + (f"killed by {sig}" if sig else f"exited {body['returncode']}")
+            )
+            + (f": {last}" if last else ""),
+        )
+        self.pending.append(PendingFault(fault, time.time(), echo=bool(body.get("peer_failure"))))
+
+    # ---- the clock --------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        self._check_agents(now)
+        self._settle(now)
+        self._phases(now)
+        self._chaos(now)
+        if self.outcome is None:
+            self.executor.policy(PolicyTick(now=now), now)
+        self._write_status(now)
+
+    def _check_agents(self, now: float) -> None:
+        for pod in list(self.pods.values()):
+            if pod.finished or pod.stopped or pod.lost:
+                continue
+            if pod.hello_at is None:
+                if now - pod.started_at > self.opt.agent_start_timeout_s:
+                    pod.lost = True
+                    self._node_lost(pod, now, "its agent never reported")
+                continue
+            silent = now - pod.last_heartbeat_at
+            if silent > self.opt.agent_timeout_s:
+                pod.lost = True
+                self._node_lost(pod, now, f"its agent missed heartbeats for {silent:.2f} s")
+
+    def _node_lost(self, pod: PodProcess, now: float, why: str) -> None:
+        # Whatever is left of the pod's processes is unsupervised now: end it.
+        pod.kill_all()
+        fault = Fault(
+            kind=FaultKind.NODE_LOST,
+            level=self.codes.level_for(FaultKind.NODE_LOST, "heartbeat-timeout"),
+            code="heartbeat-timeout",
+            at=pod.last_heartbeat_at,
+            node=pod.node,
+            pod=pod.pod,
+            ranks=self.job.ranks_of(pod.pod),
+            detail=f"node {pod.node} lost: {why}",
+        )
+        self.pending.append(PendingFault(fault, now, echo=False))
+
+    def _settle(self, now: float) -> None:
+        if not self.pending:
+            return
+        primaries = [p for p in self.pending if not p.echo]
+        if not primaries:
+            first = min(p.received_at for p in self.pending)
+            silent = any(
+                not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
+                for p in self.pods.values()
+            )
+            wait_s = self.opt.agent_timeout_s + 0.5 if silent else self.opt.settle_s
+            if now - first < wait_s:
+                return
+            primaries = self.pending[:1]  # only echoes: a collective failure, cause unseen
+        self.pending = []
+        for p in primaries:
+            self.fault_detected(p.fault, now)
+
+    def fault_detected(self, fault: Fault, now: float) -> None:
+        if fault.kind in (FaultKind.DEVICE, FaultKind.DEVICE_MEMORY, FaultKind.STRESS_TEST):
+            fault = escalate(fault, self.history, now, self.codes)
+        self.history.append(fault)
+        self.n_faults += 1
+        step = max((v.committed for v in self.ranks.values()), default=self.progress_step)
+        fault_id = f"f{self.n_faults}"
+        self.ledger.record(
+            FaultDetected(
+                fault_id=fault_id,
+                source=str(fault.kind),
+                code=fault.code,
+                level=str(fault.level),
+                occurred_at=fault.at,
+                step=step,
+                pods=(fault.pod,) if fault.pod else (),
+                nodes=(fault.node,) if fault.node else (),
+                ranks=fault.ranks,
+                detail=fault.detail[-2000:],
+            ),
+            at=now,
+        )
+        self.console.line(
+            f"fault {fault_id}: {fault.describe()}"
+            + (f": {fault.detail.splitlines()[0]}" if fault.detail else "")
+        )
+        if self.incident is None:
+            self.incident = Incident(fault_id=fault_id, fault=fault, step_at_fault=step)
+        self.executor.policy(
+            PolicyFault(fault=fault, feasibility=self.feasibility(fault, now)), now
+        )
+
+    def feasibility(self, fault: Fault, now: float) -> Feasibility:
+        rank0_pod = self.job.pod_of_rank(0)
+        return Feasibility(
+            replica_for_lost_state=False,
+            outside_update=False,
+            spare_node_free=self.executor.spare_node_free(),
+            fault_age_s=max(0.0, now - fault.at),
+            rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,
+            pod_schedulable=self.executor.schedulable(fault),
+            elastic_possible=False,
+        )
+
+    def _phases(self, now: float) -> None:
+        gen = self.generation
+        if len(self.ranks) < self.job.world_size:
+            return
+        ph = generation_phases(self.ranks.values(), self.job.world_size)
+        if ph.comm_ready_at and self.phases_done.get("comm") != gen:
+            self.phases_done["comm"] = gen
+            self.ledger.record(
+                CommunicationReady(generation=gen, world_size=self.job.world_size),
+                at=ph.comm_ready_at,
+            )
+        if ph.state_loaded_at and self.phases_done.get("state") != gen:
+            self.phases_done["state"] = gen
+            start = ph.start_step if ph.start_step is not None else 0
+            source = StateSource.CHECKPOINT if start > 0 else StateSource.INITIAL
+            self.ledger.record(
+                StateLoaded(generation=gen, step=start, source=source), at=ph.state_loaded_at
+            )
+            if self.incident is not None:
+                self.console.line(f"generation {gen}: state loaded at step {start} ({source})")
+        if ph.first_commit_at and self.phases_done.get("first") != gen:
+            self.phases_done["first"] = gen
+            first = (ph.start_step or 0) + 1
+            self.ledger.record(
+                FirstStepCommitted(generation=gen, step=first), at=ph.first_commit_at
+            )
+            if self.incident is not None:
+                inc = self.incident
+                self.incident = None
+                self.n_recoveries += 1
+                mttr = ph.first_commit_at - inc.fault.at
+                self.ledger.record(
+                    RecoveryCompleted(
+                        fault_id=inc.fault_id,
+                        strategy=inc.strategy,
+                        generation=gen,
+                        step=first,
+                        phases_s={"mttr": mttr},
+                    ),
+                    at=ph.first_commit_at,
+                )
+                lost = max(0, inc.step_at_fault - (ph.start_step or 0))
+                self.console.line(
+                    f"recovered from {inc.fault_id} by {inc.strategy}: MTTR {mttr:.2f} s, "
+                    f"{lost} steps recomputed, generation {gen}"
+                )
+                self.executor.policy(PolicyRecovered(at=ph.first_commit_at), now)
+        step = committed_step(self.ranks.values())
+        every = self.opt.progress_every
+        if step // every > self.progress_step // every:
+            self.ledger.record(
+                StepProgress(
+                    generation=gen, step=step, step_time_s=median_step_time(self.ranks.values())
+                )
+            )
+            total = f"/{self.job.total_steps}" if self.job.total_steps else ""
+            self.console.line(
+                f"step {step}{total} (generation {gen}, "
+                f"{median_step_time(self.ranks.values()) * 1000:.0f} ms/step)"
+            )
+        self.progress_step = max(self.progress_step, step)
+
+    # ---- status -----------------------------------------------------------------------
+    def _write_status(self, now: float, force: bool = False) -> None:
+        if not force and now < self.next_status_at:
+            return
+        self.next_status_at = now + 0.5
+        if self.outcome is not None:
+            phase = JobPhase.SUCCEEDED if self.outcome.succeeded else JobPhase.FAILED
+        elif self.incident is not None:
+            phase = JobPhase.RECOVERING
+        elif len(self.ranks) == self.job.world_size:
+            phase = JobPhase.RUNNING
+        else:
+            phase = JobPhase.PENDING
+        pods = []
+        for name in (p.name for p in self.job.pods):
+            proc = self.pods.get(name)
+            binding = self.cluster.bindings.get(name)
+            pids = proc.rank_pids if proc else {}
+            pods.append(
+                PodStatus(
+                    name=name,
+                    node=binding.node if binding else "",
+                    devices=binding.devices if binding else (),
+                    ranks=tuple(sorted(pids)),
+                    pids=tuple(pids[r] for r in sorted(pids)),
+                )
+            )
+        self.ledger.set_status(
+            JobStatus(
+                job=self.job.job_id,
+                phase=phase,
+                generation=self.generation,
+                step=self.progress_step,
+                total_steps=self.job.total_steps,
+                pods=tuple(pods),
+                started_at=self.started_at,
+                updated_at=now,
+                faults=self.n_faults,
+                recoveries=self.n_recoveries,
+                message=self.outcome.reason
+                if self.outcome
+                else (
+                    f"recovering from {self.incident.fault_id} ({self.incident.strategy})"
+                    if self.incident
+                    else ""
+                ),
+            )
+        )
+
+    # ---- fault injection --------------------------------------------------------------
+    def _chaos(self, now: float) -> None:
+        for c in self.chaos:
+            if c.index in self.fired_chaos or c.in_rank:
+                continue
+            due = (c.after_s is not None and now - self.started_at >= c.after_s) or (
+                c.at_step is not None and self.progress_step >= c.at_step
+            )
+            if due:
+                self.fired_chaos.add(c.index)
+                try:
+                    detail = self.inject(
+                        c.kind, rank=c.rank, pod=c.pod, node=c.node, device=c.device, code=c.code
+                    )
+                    self.console.line(f"chaos: {detail}")
+                except ValueError as exc:
+                    self.console.line(f"chaos: faults[{c.index}] not injected: {exc}")
+
+    def inject_request(self, body: dict[str, Any]) -> str:
+        kinds = [k.value for k in InjectKind]
+        if body.get("kind") not in kinds:
+            raise ValueError(f"unknown fault kind {body.get('kind')!r}; one of {kinds}")
+
+        def opt_int(key: str) -> int | None:
+            return None if body.get(key) is None else int(body[key])
+
+        return self.inject(
+            InjectKind(body["kind"]),
+            rank=opt_int("rank"),
+            pod=body.get("pod"),
+            node=body.get("node"),
+            device=opt_int("device"),
+            code=body.get("code"),
+        )
+
+    def inject(
+        self,
+        kind: InjectKind,
+        *,
+        rank: int | None = None,
+        pod: str | None = None,
+        node: str | None = None,
+        device: int | None = None,
+        code: str | None = None,
+    ) -> str:
+        """Inject a real fault from outside the training processes; returns what was done."""
+        at = time.time()
+        if kind in (InjectKind.KILL, InjectKind.HANG, InjectKind.EXCEPTION):
+            sig = {
+                InjectKind.KILL: signal.SIGKILL,
+                InjectKind.HANG: signal.SIGSTOP,
+                InjectKind.EXCEPTION: signal.SIGUSR1,
+            }[kind]
+            targets = self._rank_targets(rank, pod)
+            for _r, pid in targets:
+                os.kill(pid, sig)
+            detail = f"{kind}: sent {sig.name} to " + ", ".join(
+                f"rank {r} (pid {p})" for r, p in targets
+            )
+        elif kind is InjectKind.NODE:
+            if node not in self.cl.nodes:
+                raise ValueError(
+                    f"node {node!r} does not exist (nodes: {', '.join(self.cl.nodes)})"
+                )
+            killed: list[int] = []
+            for p in self.pods.values():
+                if p.node == node and p.alive:
+                    killed += p.kill_all()
+            detail = f"node {node} down: SIGKILL to {len(killed)} processes"
+        else:
+            if node not in self.cl.nodes:
+                raise ValueError(
+                    f"node {node!r} does not exist (nodes: {', '.join(self.cl.nodes)})"
+                )
+            if device is None or not 0 <= device < self.cl.devices_per_node:
+                raise ValueError(
+                    f"device {device!r} does not exist on {node} (0-{self.cl.devices_per_node - 1})"
+                )
+            if not code:
+                raise ValueError("a device fault needs --code")
+            inject_device_fault(self.sim_dir, node, device, code)
+            detail = f"device fault {code} on {node} device {device}"
+        self.ledger.record_raw("FaultInjected", {"kind": str(kind), "detail": detail}, at=at)
+        return detail
+
+    def _rank_targets(self, rank: int | None, pod: str | None) -> list[tuple[int, int]]:
+        if rank is not None:
+            if not 0 <= rank < self.job.world_size:
+                raise ValueError(f"rank {rank} does not exist (ranks 0-{self.job.world_size - 1})")
+            view = self.ranks.get(rank)
+            if view is None or not view.alive:
+                raise ValueError(f"rank {rank} is not running now")
+            return [(rank, view.pid)]
+        if pod is None or pod not in self.pods:
+            raise ValueError(f"pod {pod!r} does not exist (pods: {', '.join(self.pods)})")
+        out = [
+            (r, v.pid)
+            for r, v in sorted(self.ranks.items())
+            if v.alive and self.job.pod_of_rank(r) == pod
+        ]
+        if not out:
+            raise ValueError(f"pod {pod} has no running rank now")
+        return out

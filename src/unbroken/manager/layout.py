@@ -1,0 +1,76 @@
+"""What the job manager runs: the job's pods and the cluster, as plain values.
+
+Built from the operator's plan by the CLI (``unbroken run``); the manager does not parse YAML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unbroken.spec.knobs import FaultHandling
+
+
+@dataclass(frozen=True)
+class PodLayout:
+    name: str
+    node_rank: int
+    nproc: int
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def devices_needed(self) -> int:
+        return self.nproc
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    job_id: str
+    pods: tuple[PodLayout, ...]
+    script: str
+    script_args: tuple[str, ...]
+    fault_handling: FaultHandling
+    workdir: Path
+    master_port: int | None = None  # None: any free port
+    total_steps: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(p.nproc for p in self.pods)
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.pods[0].nproc
+
+    def ranks_of(self, pod: str) -> tuple[int, ...]:
+        p = next(p for p in self.pods if p.name == pod)
+        return tuple(range(p.node_rank * p.nproc, (p.node_rank + 1) * p.nproc))
+
+    def pod_of_rank(self, rank: int) -> str | None:
+        for p in self.pods:
+            if p.node_rank * p.nproc <= rank < (p.node_rank + 1) * p.nproc:
+                return p.name
+        return None
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    nodes: tuple[str, ...]
+    devices_per_node: int
+    list_watch_period_s: float = 5.0
+    auto_stowing: bool = True
+    code_table: Path | None = None  # a user override of the fault code table
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """Detection settings (DESIGN section 3). Durations in seconds."""
+
+    agent_timeout_s: float = 2.0  # an agent silent this long: its node is lost
+    agent_start_timeout_s: float = 20.0  # an agent that never said hello
+    settle_s: float = 0.5  # wait this long for the first fault after an echo of it
+    hang_floor_s: float = 3.0
+    hang_factor: float = 10.0
+    progress_every: int = 20  # a StepProgress event every N committed steps
+    quiet: bool = False

@@ -1,0 +1,128 @@
+"""Pods of the embedded cluster: one node-agent process per pod, started and stopped by pid.
+
+In the embedded cluster a *node* is a name with device slots and a *pod* is an agent process
+(``unbroken launch``) placed on a node, with the pod's environment from the operator's plan. The
+control plane plays the part of the kubelet of every node: it starts agent processes and, for
+fault injection, can take a whole node down (every process of every pod on it, SIGKILL at once).
+Detection never uses this privileged view: a lost node is found by its agents' missed heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PodProcess:
+    pod: str
+    node: str
+    generation: int
+    proc: subprocess.Popen[bytes]
+    started_at: float
+    rank_pids: dict[int, int] = field(default_factory=dict)
+    last_heartbeat_at: float = 0.0
+    hello_at: float | None = None
+    finished: bool = False
+    stopped: bool = False
+    lost: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL the agent and every rank it reported (a node going down)."""
+        killed = []
+        for pid in [self.proc.pid, *self.rank_pids.values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        return killed
+
+    def reap(self, timeout_s: float = 5.0) -> int | None:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def agent_argv(
+    *,
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    max_restarts: int,
+    monitor_interval_s: float,
+    run_id: str,
+    script: str,
+    script_args: Sequence[str],
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "unbroken",
+        "launch",
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "--nnodes",
+        str(nnodes),
+        "--node_rank",
+        str(node_rank),
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(master_port),
+        "--max_restarts",
+        str(max_restarts),
+        "--monitor_interval",
+        str(monitor_interval_s),
+        "--run_id",
+        run_id,
+        script,
+        *script_args,
+    ]
+
+
+def start_pod(
+    *,
+    pod: str,
+    node: str,
+    generation: int,
+    argv: list[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: Path,
+) -> PodProcess:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        out.write(f"=== agent for {pod} on {node}, generation {generation}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    log.info("started agent of %s on %s (pid %d)", pod, node, proc.pid)
+    return PodProcess(pod=pod, node=node, generation=generation, proc=proc, started_at=time.time())

@@ -1,0 +1,86 @@
+"""The manager's view of training progress, from the agents' heartbeats.
+
+Each rank's heartbeat record (phase stamps, committed steps) reaches the manager through its
+agent. From them the manager learns when a generation's communication was ready, its state was
+loaded and its first step committed on every rank: the phases of a recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RankView:
+    rank: int
+    pid: int
+    generation: int
+    alive: bool = True
+    phase: str = "starting"
+    step: int = -1
+    committed: int = 0
+    committed_at: float = 0.0
+    start_step: int = -1
+    step_time_s: float = 0.0
+    tick_at: float = 0.0
+    comm_ready_at: float = 0.0
+    state_loaded_at: float = 0.0
+    first_commit_at: float = 0.0
+
+    def update(self, row: Mapping[str, Any]) -> None:
+        for key in (
+            "phase",
+            "step",
+            "committed",
+            "committed_at",
+            "start_step",
+            "step_time_s",
+            "tick_at",
+            "comm_ready_at",
+            "state_loaded_at",
+            "first_commit_at",
+            "alive",
+        ):
+            if key in row:
+                setattr(self, key, type(getattr(self, key))(row[key]))
+
+
+@dataclass(frozen=True)
+class GenerationPhases:
+    """When every rank of a generation reached a phase (None: not all there yet)."""
+
+    comm_ready_at: float | None
+    state_loaded_at: float | None
+    start_step: int | None
+    first_commit_at: float | None
+
+
+def generation_phases(ranks: Iterable[RankView], world_size: int) -> GenerationPhases:
+    views = list(ranks)
+    if len(views) < world_size:
+        return GenerationPhases(None, None, None, None)
+
+    def all_at(attr: str) -> float | None:
+        stamps = [getattr(v, attr) for v in views]
+        return max(stamps) if all(s > 0 for s in stamps) else None
+
+    starts = {v.start_step for v in views}
+    start = next(iter(starts)) if len(starts) == 1 and -1 not in starts else None
+    return GenerationPhases(
+        comm_ready_at=all_at("comm_ready_at"),
+        state_loaded_at=all_at("state_loaded_at"),
+        start_step=start,
+        first_commit_at=all_at("first_commit_at"),
+    )
+
+
+def committed_step(ranks: Iterable[RankView]) -> int:
+    """Steps committed by every rank (the job's progress)."""
+    return min((v.committed for v in ranks), default=0)
+
+
+def median_step_time(ranks: Iterable[RankView]) -> float:
+    times = sorted(v.step_time_s for v in ranks if v.step_time_s > 0)
+    return times[len(times) // 2] if times else 0.0

@@ -1,0 +1,85 @@
+"""The control plane's RPC surface: agents and the CLI talk to the job manager through it.
+
+Handlers run on gRPC's threads and never touch the manager's state: they put a message on the
+manager's inbox and, where the caller needs an answer, wait for the manager's reply. Command
+streams to agents are fed from per-agent queues the manager fills.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from unbroken.rpc import ControlServer
+
+JsonObj = dict[str, Any]
+
+
+@dataclass
+class Inbound:
+    """A message for the manager's loop; ``reply`` is set when the caller waits for an answer."""
+
+    method: str
+    body: JsonObj
+    reply: queue.Queue[JsonObj] | None = None
+
+
+@dataclass
+class CommandQueues:
+    """One queue of commands per agent process (pod name, agent pid)."""
+
+    _queues: dict[tuple[str, int], queue.Queue[JsonObj]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def of(self, pod: str, pid: int) -> queue.Queue[JsonObj]:
+        with self._lock:
+            return self._queues.setdefault((pod, pid), queue.Queue())
+
+    def send(self, pod: str, pid: int, command: JsonObj) -> None:
+        self.of(pod, pid).put(command)
+
+
+def build_server(
+    secret: str, inbox: queue.Queue[Inbound], commands: CommandQueues, answer_timeout_s: float
+) -> ControlServer:
+    def post(method: str) -> Callable[[JsonObj], JsonObj]:
+        def handler(body: JsonObj) -> JsonObj:
+            inbox.put(Inbound(method, body))
+            return {"ok": True}
+
+        return handler
+
+    def ask(method: str) -> Callable[[JsonObj], JsonObj]:
+        def handler(body: JsonObj) -> JsonObj:
+            reply: queue.Queue[JsonObj] = queue.Queue(maxsize=1)
+            inbox.put(Inbound(method, body, reply))
+            try:
+                return reply.get(timeout=answer_timeout_s)
+            except queue.Empty:
+                return {"ok": False, "error": f"the job manager did not answer {method} in time"}
+
+        return handler
+
+    def agent_commands(body: JsonObj, active: Callable[[], bool]) -> Iterator[JsonObj]:
+        q = commands.of(str(body["pod"]), int(body["pid"]))
+        while active() and not commands.closed.is_set():
+            try:
+                yield q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    return ControlServer(
+        secret,
+        unary={
+            "AgentHello": ask("AgentHello"),
+            "AgentHeartbeat": post("AgentHeartbeat"),
+            "AgentReport": post("AgentReport"),
+            "Inject": ask("Inject"),
+            "Status": ask("Status"),
+        },
+        streams={"AgentCommands": agent_commands},
+    )
