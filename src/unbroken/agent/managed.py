@@ -25,6 +25,7 @@ import logging
 import os
 import queue
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Mapping
@@ -34,9 +35,10 @@ from typing import Any
 
 from unbroken.agent.env import rank_env
 from unbroken.agent.launcher import LaunchArgs
-from unbroken.agent.ranks import RankExit, RankProcess, rank_argv
+from unbroken.agent.env import CONTROL_VARS
+from unbroken.agent.ranks import RankExit, RankProcess, rank_argv, start_standby
 from unbroken.rpc import ControlClient, RpcError
-from unbroken.worker.heartbeat import HeartbeatReader
+from unbroken.worker.heartbeat import HeartbeatReader, Phase
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class AgentSettings:
     hang_floor_s: float = 3.0
     hang_factor: float = 10.0
     control_timeout_s: float = 10.0
+    standby: bool = True  # keep a warm process per rank slot (UNBROKEN_STANDBY=0: off)
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> AgentSettings | None:
@@ -64,6 +67,7 @@ class AgentSettings:
             run_dir=Path(env["UNBROKEN_RUN_DIR"]),
             hang_floor_s=float(env.get("UNBROKEN_HANG_FLOOR_S", "3.0")),
             hang_factor=float(env.get("UNBROKEN_HANG_FACTOR", "10")),
+            standby=env.get("UNBROKEN_STANDBY", "1") != "0",
         )
 
 
@@ -88,6 +92,9 @@ class ManagedAgent:
         self._last_contact = time.monotonic()
         self._readers: dict[int, HeartbeatReader] = {}
         self.pod_dir = settings.run_dir / "pods" / settings.pod
+        self.use_standby = settings.standby and not args.no_python
+        self._standbys: dict[int, subprocess.Popen[bytes]] = {}
+        self._refill_at: float | None = None
 
     # ---- control plane ----------------------------------------------------------------
     def _call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -144,9 +151,13 @@ class ManagedAgent:
                 env=rank_env(os.environ, self.args, local, generation, hb),
                 log_path=self.pod_dir / "logs" / f"rank{rank}.log",
                 on_exit=self._exits.put,
+                standby=self._standbys.pop(local, None),
             )
             self.ranks[rank] = proc
             self._readers[rank] = HeartbeatReader(hb)
+        # New standbys start once these ranks train: on two cores, importing torch for a
+        # standby beside ranks that import it too would slow down the start being made now.
+        self._refill_at = time.monotonic() + 30.0
         self._call(
             "AgentReport",
             {
@@ -155,6 +166,30 @@ class ManagedAgent:
                 "started_at": min(p.started_at for p in self.ranks.values()),
             },
         )
+
+    def _refill_standbys(self) -> None:
+        if not self.use_standby or self._refill_at is None:
+            return
+        training = all(
+            (snap := self._readers[r].read()) is not None and snap.first_commit_at > 0
+            for r in self.ranks
+        )
+        if not training and time.monotonic() < self._refill_at:
+            return
+        self._refill_at = None
+        env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        for local in range(self.args.nproc_per_node):
+            sb = self._standbys.get(local)
+            if sb is None or sb.poll() is not None:
+                self._standbys[local] = start_standby(env, self.pod_dir / "logs" / "standby.log")
+
+    def _drop_standbys(self) -> None:
+        for sb in self._standbys.values():
+            if sb.poll() is None:
+                sb.kill()
+            sb.wait()
+        self._standbys.clear()
 
     def _stop_ranks(self, grace_s: float | None) -> None:
         live = [p for p in self.ranks.values() if p.alive]
@@ -206,6 +241,12 @@ class ManagedAgent:
         tick_s = min(self.args.monitor_interval_s, 0.05)
         next_hb = 0.0
         try:
+            return self._loop(tick_s, next_hb)
+        finally:
+            self._drop_standbys()
+
+    def _loop(self, tick_s: float, next_hb: float) -> int:
+        try:
             while True:
                 self._drain_exits()
                 if self.done and len(self.done) == self.args.nproc_per_node:
@@ -215,6 +256,7 @@ class ManagedAgent:
                 if code is not None:
                     return code
                 self._check_hangs()
+                self._refill_standbys()
                 if time.monotonic() >= next_hb:
                     self._call("AgentHeartbeat", {"ranks": self._progress()})
                     next_hb = time.monotonic() + self.s.heartbeat_interval_s
@@ -282,8 +324,8 @@ class ManagedAgent:
             if not proc.alive or (rank, self.generation) in self.hung_reported:
                 continue
             snap = self._readers[rank].read()
-            if snap is None or snap.pid != proc.pid:
-                continue
+            if snap is None or snap.pid != proc.pid or snap.phase in (Phase.DONE, Phase.FAILED):
+                continue  # finished ranks wait for their peers at exit without ticking
             timeout_s = max(self.s.hang_floor_s, self.s.hang_factor * snap.step_time_s)
             stale_s = now - snap.tick_at
             # Both the liveness tick and the step progress must have stopped: a healthy rank

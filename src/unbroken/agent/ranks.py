@@ -10,6 +10,7 @@ from its echoes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -110,6 +111,7 @@ class RankProcess:
         env: Mapping[str, str],
         log_path: Path,
         on_exit: Callable[[RankExit], None],
+        standby: subprocess.Popen[bytes] | None = None,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
@@ -122,14 +124,29 @@ class RankProcess:
             f"=== rank {rank} generation {generation} started at {self.started_at:.3f}\n".encode()
         )
         self._log_file.flush()
-        self._proc = subprocess.Popen(
-            argv,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        if standby is not None and standby.poll() is None and standby.stdin is not None:
+            # A warm process with torch imported takes the rank (see unbroken.agent.standby).
+            module = "-m" in argv[:3]
+            rest = argv[3:] if module else argv[2:]
+            order = {
+                "argv": rest,
+                "module": module,
+                "env": dict(env),
+                "cwd": os.getcwd(),
+                "log": str(log_path),
+            }
+            standby.stdin.write((json.dumps(order) + "\n").encode())
+            standby.stdin.close()
+            self._proc = standby
+        else:
+            self._proc = subprocess.Popen(
+                argv,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.pid = self._proc.pid
         self._on_exit = on_exit
         self._watcher = threading.Thread(target=self._watch, name=f"rank{rank}-watch", daemon=True)
@@ -168,6 +185,20 @@ class RankProcess:
         """Wait for the exit to be observed (and reported); True if it exited in time."""
         self._watcher.join(timeout_s)
         return not self._watcher.is_alive()
+
+
+def start_standby(env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """A warm standby process (torch imported, waiting on stdin to become a rank)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-u", "-m", "unbroken.agent.standby"],
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def rank_argv(
