@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unbroken.agent.env import rank_env
+from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.launcher import LaunchArgs
-from unbroken.agent.env import CONTROL_VARS
 from unbroken.agent.ranks import RankExit, RankProcess, rank_argv, start_standby
 from unbroken.rpc import ControlClient, RpcError
 from unbroken.worker.heartbeat import HeartbeatReader, Phase

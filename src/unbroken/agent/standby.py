@@ -39,9 +39,9 @@ def _activate(order: dict[str, object]) -> None:
 
 
 def main() -> None:
-    import torch  # noqa: F401  (the point of a standby: pay for this before it is needed)
-    import torch.distributed  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
+    import torch
+    import torch.distributed
+    import torch.distributed.checkpoint
     import torch.nn.parallel  # noqa: F401
 
     line = sys.stdin.readline()
