@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,5 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     mod = importlib.import_module(f"unbroken.cli.{_COMMANDS[args.command]}")
-    code = mod.run(args)
+    try:
+        code = mod.run(args)
+    except BrokenPipeError:  # the reader went away (``unbroken plan ... | head``)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return code

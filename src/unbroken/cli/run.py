@@ -62,6 +62,13 @@ def _total_steps(args: tuple[str, ...]) -> int | None:
     return None
 
 
+def _literal_master_port(job: JobSpec) -> int | None:
+    for replica in job.replica_specs:
+        if replica.launcher is not None and replica.launcher.master_port is not None:
+            return replica.launcher.master_port
+    return None
+
+
 def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout:
     the_plan = make_plan(job, cluster)
     # A MindSpore Scheduler pod has no node rank and runs no training process.
@@ -84,7 +91,9 @@ def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout
         script_args=tuple(first.script_args),
         fault_handling=job.fault_handling,
         workdir=run_dir,
-        master_port=first.launcher.master_port,
+        # Only a port written literally in the YAML binds the first store; an operator default
+        # (29500) would make concurrent runs collide, so those take any free port.
+        master_port=_literal_master_port(job),
         total_steps=_total_steps(tuple(first.script_args)),
     )
 
