@@ -169,7 +169,8 @@ class Executor:
                 pod=pod,
                 ranks=ranks,
                 device=event.device,
-                detail=f"device {event.device} of {event.node} reported {code}: {event.detail}",
+                detail=f"device {event.device} of {event.node} reported {code}"
+                + (f": {event.detail}" if event.detail else ""),
             )
             self.m.fault_detected(fault, now)
         elif isinstance(event, DeviceRecovered) and (
