@@ -1,0 +1,163 @@
+"""What the worker hooks cost a training step.
+
+Starts ``--world`` ranks the way ``unbroken launch`` does (env:// against a TCPStore this script
+owns, Unbroken's variables set, so the heartbeat is on), each training the anchor workload (an
+MLP 256->1024->1024->1024->16, AdamW, DDP on gloo, a step of roughly 70 ms on two cores). Every
+rank alternates blocks of ``--block`` steps driven by a plain ``range`` and by
+``session.steps``; the medians of the per-step times over ``--repeats`` blocks each are
+compared. With ``--ckpt-every N`` the session also saves an asynchronous checkpoint every N
+steps, so the ratio includes the checkpoint stall. A micro-benchmark of the hooks alone (an
+empty loop body) gives their cost in microseconds, free of the training's noise.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/worker_overhead.py [--ckpt-every 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    import unbroken.worker as ub
+
+    torch.manual_seed(0)
+    widths = [256, args.hidden, args.hidden, args.hidden, 16]
+    layers: list[nn.Module] = []
+    for d_in, d_out in itertools.pairwise(widths):
+        layers += [nn.Linear(d_in, d_out), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    loss_fn = nn.CrossEntropyLoss()
+    teacher = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
+
+    def train_step(step: int) -> None:
+        g = torch.Generator().manual_seed(step * 1009 + rank)
+        x = torch.randn(args.batch, 256, generator=g)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(ddp(x), (x @ teacher).argmax(dim=1)).backward()
+        opt.step()
+
+    ckpt_dir = args.ckpt_dir if args.ckpt_every else None
+    session = ub.init(ddp, opt, ckpt_dir=ckpt_dir, ckpt_every=args.ckpt_every)
+    for step in range(args.warmup):
+        train_step(step)
+
+    plain: list[float] = []
+    hooked: list[float] = []
+    for _ in range(args.repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for step in range(args.block):
+            train_step(step)
+        plain.append((time.perf_counter() - t0) / args.block)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for step in session.steps(session.committed + args.block):
+            train_step(step)
+        hooked.append((time.perf_counter() - t0) / args.block)
+
+    # The hooks alone: an empty body, so the loop costs only what the session adds.
+    n = 20_000
+    t0 = time.perf_counter()
+    for _step in range(n):
+        pass
+    empty_s = (time.perf_counter() - t0) / n
+    saved_every = session.ckpt_every
+    session.ckpt_every = 0  # keep checkpoints out of the micro-benchmark
+    t0 = time.perf_counter()
+    for _step in session.steps(session.committed + n):
+        pass
+    hooks_s = (time.perf_counter() - t0) / n - empty_s
+    session.ckpt_every = saved_every
+    session.close()
+    if rank == 0:
+        Path(args.out).write_text(
+            json.dumps({"plain_s": plain, "session_s": hooked, "hooks_s": hooks_s})
+        )
+
+
+def _launch(args: argparse.Namespace) -> dict[str, Any]:
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
+    )
+    with tempfile.TemporaryDirectory(prefix="ub-bench-") as tmp:
+        out = Path(tmp) / "result.json"
+        procs = []
+        for rank in range(args.world):
+            env = dict(os.environ)
+            env.update(
+                {
+                    "OMP_NUM_THREADS": "1",
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(args.world),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(store.port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True",
+                    "TORCHELASTIC_RESTART_COUNT": "0",
+                    "UNBROKEN_JOB_ID": "bench",
+                    "UNBROKEN_GENERATION": "0",
+                    "UNBROKEN_HEARTBEAT_FILE": str(Path(tmp) / f"hb-rank{rank}"),
+                }
+            )
+            argv = [sys.executable, __file__, "--rank-worker", "--out", str(out)]
+            argv += ["--ckpt-dir", str(Path(tmp) / "ckpt")]
+            for name in ("block", "repeats", "warmup", "ckpt_every", "hidden", "batch"):
+                argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+            procs.append(subprocess.Popen(argv, env=env))
+        codes = [p.wait() for p in procs]
+        if codes != [0] * args.world:
+            raise SystemExit(f"ranks exited with {codes}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--block", type=int, default=20, help="steps per timed block")
+    p.add_argument("--repeats", type=int, default=7, help="blocks of each kind")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ckpt-every", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    p.add_argument("--ckpt-dir", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_worker:
+        _rank_main(args)
+        return
+    result = _launch(args)
+    plain = statistics.median(result["plain_s"])
+    hooked = statistics.median(result["session_s"])
+    ckpt = f", checkpoint every {args.ckpt_every} steps" if args.ckpt_every else ""
+    print(f"world {args.world}, {args.repeats} blocks of {args.block} steps each{ckpt}")
+    print(f"plain loop     median {plain * 1e3:8.2f} ms/step")
+    print(f"session.steps  median {hooked * 1e3:8.2f} ms/step")
+    print(f"ratio          {hooked / plain:.4f} ({(hooked / plain - 1) * 100:+.2f} %)")
+    print(f"hooks alone    {result['hooks_s'] * 1e6:8.2f} us/step (empty loop body)")
+
+
+if __name__ == "__main__":
+    main()

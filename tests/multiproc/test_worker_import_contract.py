@@ -1,0 +1,42 @@
+"""The worker library, torch side included, never pulls in the control plane, the CLI, grpc
+or yaml: training processes stay light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+_FORBIDDEN = (
+    "grpc",
+    "yaml",
+    "unbroken.cli",
+    "unbroken.rpc",
+    "unbroken.spec",
+    "unbroken.manager",
+    "unbroken.agent",
+    "unbroken.policy",
+)
+
+
+def test_the_whole_worker_api_imports_only_torch_and_the_standard_library() -> None:
+    code = (
+        "import json, sys\n"
+        "import unbroken.worker as ub\n"
+        "ub.init, ub.Session, ub.TrainingStopped, ub.state_digest\n"
+        "import unbroken.checkpoint as ck\n"
+        "ck.Checkpointer, ck.Restored\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    )
+    loaded = set(json.loads(out.stdout))
+    assert "torch" in loaded and "unbroken.worker.session" in loaded
+    assert (
+        sorted(m for m in loaded if m.split(".")[0] in _FORBIDDEN or m.startswith(_FORBIDDEN)) == []
+    )

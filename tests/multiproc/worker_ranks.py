@@ -1,0 +1,179 @@
+"""Start training ranks the way the node agent does, for the worker and checkpoint tests.
+
+One process per rank running ``examples/train_mlp.py``; ``dist.init_process_group("gloo")``
+connects through env:// to a TCPStore this test process owns (``TORCHELASTIC_USE_AGENT_STORE``),
+one store per generation. ``managed=True`` adds Unbroken's variables (job id, generation, a
+heartbeat file per rank and generation); ``managed=False`` is what plain torchrun gives a rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from unbroken.worker.heartbeat import HeartbeatReader, HeartbeatRecord
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any launcher's variables."""
+    drop = ("UNBROKEN_", "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float = 180.0) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Generation:
+    """The rank processes of one generation, with their logs and heartbeat files."""
+
+    def __init__(self, root: Path, generation: int, procs: list[subprocess.Popen[bytes]]) -> None:
+        self.root = root
+        self.generation = generation
+        self.procs = procs
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def log(self, rank: int) -> str:
+        return (self.root / f"gen{self.generation}-rank{rank}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- rank {r} ---\n{self.log(r)[-3000:]}" for r in range(len(self.procs)))
+
+    def heartbeat(self, rank: int) -> HeartbeatRecord | None:
+        return HeartbeatReader(heartbeat_path(self.root, self.generation, rank)).read()
+
+    def wait(self, deadline_s: float = 180.0) -> list[int]:
+        """Every rank's exit status (negative: killed by that signal)."""
+        deadline = time.monotonic() + deadline_s
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(
+                    f"ranks still running after {deadline_s:.0f} s\n{self.logs()}"
+                ) from None
+        return codes
+
+    def expect_success(self, deadline_s: float = 180.0) -> None:
+        codes = self.wait(deadline_s)
+        assert codes == [0] * len(codes), f"exit statuses {codes}\n{self.logs()}"
+
+    def signal(self, rank: int, signum: int) -> None:
+        os.kill(self.procs[rank].pid, signum)
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+
+
+def heartbeat_path(root: Path, generation: int, rank: int) -> Path:
+    return root / "hb" / f"gen{generation}" / f"rank{rank}"
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process is in the stopped state (after SIGSTOP)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+class Cluster:
+    """Launches generations of ranks; ends every process it started on close."""
+
+    def __init__(self, root: Path, world_size: int = 2) -> None:
+        self.root = root
+        self.world_size = world_size
+        self.generations: list[Generation] = []
+        self._stores: list[Any] = []
+
+    def start(
+        self,
+        args: Sequence[str],
+        *,
+        managed: bool = True,
+        generation: int | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> Generation:
+        gen = len(self.generations) if generation is None else generation
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+        self._stores.append(store)
+        procs = []
+        self.root.mkdir(parents=True, exist_ok=True)
+        for rank in range(self.world_size):
+            env = clean_env()
+            env.update(
+                {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(self.world_size),
+                    "LOCAL_WORLD_SIZE": str(self.world_size),
+                    "GROUP_RANK": "0",
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(store.port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True",
+                    "TORCHELASTIC_RESTART_COUNT": str(gen),
+                    "TORCHELASTIC_RUN_ID": "test",
+                }
+            )
+            if managed:
+                env.update(
+                    {
+                        "UNBROKEN_JOB_ID": "test-job",
+                        "UNBROKEN_GENERATION": str(gen),
+                        "UNBROKEN_HEARTBEAT_FILE": str(heartbeat_path(self.root, gen, rank)),
+                    }
+                )
+            env.update(extra_env or {})
+            log = (self.root / f"gen{gen}-rank{rank}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(EXAMPLE), *args],
+                    env=env,
+                    cwd=self.root,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            log.close()
+        generation_ = Generation(self.root, gen, procs)
+        self.generations.append(generation_)
+        return generation_
+
+    def close(self) -> None:
+        for generation in self.generations:
+            generation.kill()
+        self._stores.clear()
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    result = json.loads(path.read_text())
+    assert isinstance(result, dict)
+    return result
