@@ -38,6 +38,7 @@ from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.ranks import RankExit, RankProcess, rank_argv, start_standby
 from unbroken.rpc import ControlClient, RpcError
 from unbroken.worker.heartbeat import HeartbeatReader, Phase
+from unbroken.worker.mailbox import MailboxWriter
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class ManagedAgent:
         self._expected_exit: set[int] = set()  # pids we are stopping on purpose
         self._last_contact = time.monotonic()
         self._readers: dict[int, HeartbeatReader] = {}
+        self._mailboxes: dict[int, MailboxWriter] = {}
         self.pod_dir = settings.run_dir / "pods" / settings.pod
         self.use_standby = settings.standby and not args.no_python
         self._standbys: dict[int, subprocess.Popen[bytes]] = {}
@@ -130,41 +132,95 @@ class ManagedAgent:
     def _heartbeat_path(self, local_rank: int, generation: int) -> Path:
         return self.pod_dir / "hb" / f"rank{self.args.global_rank(local_rank)}-g{generation}"
 
+    def _mailbox_path(self, local_rank: int, generation: int) -> Path:
+        return self.pod_dir / "mb" / f"rank{self.args.global_rank(local_rank)}-g{generation}"
+
+    def _start_rank(self, local: int, generation: int, join: bool) -> RankProcess:
+        """Start one rank; ``join``: it replaces a lost rank and takes its state from a
+        replica of the running generation instead of a checkpoint."""
+        rank = self.args.global_rank(local)
+        hb = self._heartbeat_path(local, generation)
+        mb = self._mailbox_path(local, generation)
+        hb.parent.mkdir(parents=True, exist_ok=True)
+        mb.parent.mkdir(parents=True, exist_ok=True)
+        env = rank_env(os.environ, self.args, local, generation, hb)
+        env["UNBROKEN_MAILBOX"] = str(mb)
+        if join:
+            env["UNBROKEN_JOIN"] = "1"
+        proc = RankProcess(
+            rank=rank,
+            local_rank=local,
+            generation=generation,
+            argv=rank_argv(
+                self.args.script, self.args.script_args, self.args.module, self.args.no_python
+            ),
+            env=env,
+            log_path=self.pod_dir / "logs" / f"rank{rank}.log",
+            on_exit=self._exits.put,
+            standby=self._standbys.pop(local, None),
+        )
+        self.ranks[rank] = proc
+        self._readers[rank] = HeartbeatReader(hb)
+        self._mailboxes[rank] = MailboxWriter(mb)
+        return proc
+
     def _start_ranks(self, generation: int) -> None:
         self.generation = generation
         self.done.clear()
         self.ranks.clear()
         self._readers.clear()
-        argv = rank_argv(
-            self.args.script, self.args.script_args, self.args.module, self.args.no_python
-        )
+        self._mailboxes.clear()
         for local in range(self.args.nproc_per_node):
-            rank = self.args.global_rank(local)
-            hb = self._heartbeat_path(local, generation)
-            hb.parent.mkdir(parents=True, exist_ok=True)
-            proc = RankProcess(
-                rank=rank,
-                local_rank=local,
-                generation=generation,
-                argv=argv,
-                env=rank_env(os.environ, self.args, local, generation, hb),
-                log_path=self.pod_dir / "logs" / f"rank{rank}.log",
-                on_exit=self._exits.put,
-                standby=self._standbys.pop(local, None),
-            )
-            self.ranks[rank] = proc
-            self._readers[rank] = HeartbeatReader(hb)
+            self._start_rank(local, generation, join=False)
         # New standbys start once these ranks train: on two cores, importing torch for a
         # standby beside ranks that import it too would slow down the start being made now.
         self._refill_at = time.monotonic() + 30.0
+        self._report_ranks("ranks-started", ())
+
+    def _report_ranks(self, event: str, joined: tuple[int, ...]) -> None:
         self._call(
             "AgentReport",
             {
-                "event": "ranks-started",
+                "event": event,
                 "pids": {str(r): p.pid for r, p in self.ranks.items()},
-                "started_at": min(p.started_at for p in self.ranks.values()),
+                "joined": list(joined),
+                "started_at": max(p.started_at for p in self.ranks.values()),
             },
         )
+
+    def _post_rejoin(self, rank: int, cmd: dict[str, Any]) -> None:
+        self._mailboxes[rank].post(
+            {
+                "op": "rejoin",
+                "generation": int(cmd["generation"]),
+                "master_addr": self.args.master_addr,
+                "master_port": self.args.master_port,
+                "rank": rank,
+                "world_size": self.args.world_size,
+                "source": int(cmd["source"]),
+                "step": int(cmd["step"]),
+            }
+        )
+
+    def _rejoin(self, cmd: dict[str, Any], replace: tuple[int, ...]) -> None:
+        """Process-level recovery: the healthy ranks of this pod leave the broken group and
+        join generation ``cmd['generation']`` without restarting; ranks in ``replace`` (lost
+        or not trusted) get a new process that takes its state from the replica ``source``."""
+        self.generation = int(cmd["generation"])
+        self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
+        for rank in replace:
+            old = self.ranks.get(rank)
+            if old is not None and old.alive:
+                self._expected_exit.add(old.pid)
+                old.kill()
+            self._start_rank(rank - self.args.global_rank(0), self.generation, join=True)
+        for rank, proc in self.ranks.items():
+            if rank not in replace and proc.alive:
+                self._post_rejoin(rank, cmd)
+        for rank in replace:
+            self._post_rejoin(rank, cmd)
+        self._refill_at = time.monotonic() + 30.0
+        self._report_ranks("ranks-rejoined", replace)
 
     def _refill_standbys(self) -> None:
         if not self.use_standby or self._refill_at is None:
@@ -236,7 +292,22 @@ class ManagedAgent:
         if not hello.get("ok"):
             raise AgentExit(3, f"the job manager refused this agent: {hello.get('error')}")
         threading.Thread(target=self._watch_commands, name="commands", daemon=True).start()
-        self._start_ranks(int(hello["generation"]))
+        join = hello.get("join")
+        if join:
+            # A replacement pod: its ranks take their state from a replica (``recover``).
+            self.generation = int(hello["generation"])
+            replace = tuple(self.args.global_rank(i) for i in range(self.args.nproc_per_node))
+            self._rejoin(
+                {
+                    "generation": self.generation,
+                    "master_port": self.args.master_port,
+                    "source": join["source"],
+                    "step": join["step"],
+                },
+                replace,
+            )
+        else:
+            self._start_ranks(int(hello["generation"]))
         tick_s = min(self.args.monitor_interval_s, 0.05)
         next_hb = 0.0
         try:
@@ -309,6 +380,8 @@ class ManagedAgent:
                 if cmd.get("master_port"):
                     self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
                 self._start_ranks(int(cmd["generation"]))
+            elif op == "rejoin":
+                self._rejoin(cmd, tuple(int(r) for r in cmd.get("replace", ())))
             elif op == "stop":
                 grace = cmd.get("grace_s")
                 self._stop_ranks(None if grace is None else float(grace))

@@ -36,15 +36,19 @@ from unbroken.manager.pods import agent_argv, start_pod
 from unbroken.policy import (
     Command,
     DeviceRef,
+    DumpLastWords,
     FailJob,
     IsolateDevice,
     IsolateNode,
     PodUnschedulable,
     Recovering,
+    RecoverOnSpare,
     RecoveryFailed,
     RescheduleJob,
     ReschedulePods,
+    RestartInPlace,
     RestartProcesses,
+    RetryOnline,
     decide,
 )
 from unbroken.policy import Event as PolicyEvent
@@ -113,6 +117,19 @@ class Executor:
                 self._reschedule(tuple(p.name for p in self.m.job.pods), g)
             case FailJob(reason=reason):
                 self.m.finish(False, reason)
+            case RetryOnline(ranks=ranks):
+                self._rejoin(replace={}, suspect=tuple(ranks), now=now)
+            case RestartInPlace(pod=pod, ranks=ranks):
+                self._rejoin(replace={pod: tuple(ranks) or self.m.job.ranks_of(pod)}, now=now)
+            case RecoverOnSpare(pod=pod, isolate_devices=devs, isolate_nodes=nodes):
+                self._isolate_all(devs, nodes)
+                self._recover_on_spare(pod, now)
+            case DumpLastWords():
+                # Last words are not written by this executor yet: the periodic checkpoint is
+                # what the next rung resumes from. Not a failure of the rung that follows.
+                self.m.ledger.record_raw(
+                    "LastWordsSkipped", {"reason": "dump is not carried out by this executor"}
+                )
             case _:
                 self._queue.append(
                     RecoveryFailed(
@@ -121,6 +138,111 @@ class Executor:
                         at=now,
                     )
                 )
+
+    # ---- process-level recovery ---------------------------------------------------------
+    def in_process_recovery(self) -> bool:
+        """Whether every rank's worker can leave a broken group and be repaired in process."""
+        return bool(self.m.ranks) and all(v.recoverable for v in self.m.ranks.values())
+
+    def healthy_ranks(self, fault: Fault) -> list[int]:
+        """Live ranks outside the fault: candidates to be the replica source."""
+        out = []
+        for r, v in sorted(self.m.ranks.items()):
+            if not v.alive or r in fault.ranks:
+                continue
+            pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
+            if pod is None or pod.lost or not pod.alive:
+                continue
+            if fault.pod is not None and not fault.ranks and self.m.job.pod_of_rank(r) == fault.pod:
+                continue
+            if fault.kind is FaultKind.NODE_LOST and pod.node == fault.node:
+                continue
+            out.append(r)
+        return out
+
+    def _source(self, exclude: set[int]) -> tuple[int, int] | None:
+        """The replica source (most advanced healthy rank, lowest rank first) and its step."""
+        best: tuple[int, int] | None = None
+        for r, v in sorted(self.m.ranks.items()):
+            if r in exclude or not v.alive:
+                continue
+            pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
+            if pod is None or pod.lost or not pod.alive:
+                continue
+            if best is None or v.committed > best[1]:
+                best = (r, v.committed)
+        return best
+
+    def _rejoin(
+        self,
+        replace: Mapping[str, tuple[int, ...]],
+        now: float,
+        suspect: tuple[int, ...] = (),
+        skip_pods: tuple[str, ...] = (),
+    ) -> None:
+        lost = {r for ranks in replace.values() for r in ranks} | set(suspect)
+        source = self._source(lost)
+        if source is None:
+            self._queue.append(RecoveryFailed(reason="no healthy replica is left", at=now))
+            return
+        dead = [
+            p.pod
+            for p in self.m.pods.values()
+            if (not p.alive or p.lost) and p.pod not in skip_pods
+        ]
+        if dead:
+            self._queue.append(
+                RecoveryFailed(reason=f"pod(s) {', '.join(dead)} have no running agent", at=now)
+            )
+            return
+        gen = self._next_generation()
+        for p in self.m.pods.values():
+            if p.pod in skip_pods:
+                continue
+            p.generation = gen
+            self.m.commands.send(
+                p.pod,
+                p.pid,
+                {
+                    "op": "rejoin",
+                    "generation": gen,
+                    "master_port": self.m.master_port,
+                    "source": source[0],
+                    "step": source[1],
+                    "replace": list(replace.get(p.pod, ())),
+                },
+            )
+        what = ", ".join(f"ranks {list(r)} of {p}" for p, r in replace.items())
+        self.m.console.line(
+            f"generation {gen}: healthy processes rejoin in place"
+            + (f"; new processes for {what}" if what else "")
+            + f"; state from rank {source[0]} (step {source[1]})"
+        )
+
+    def _recover_on_spare(self, pod: str, now: float) -> None:
+        lost = set(self.m.job.ranks_of(pod))
+        source = self._source(lost)
+        if source is None:
+            self._queue.append(RecoveryFailed(reason="no healthy replica is left", at=now))
+            return
+        self._stop((pod,), None)
+        result = place(self.m.cluster, [Pod(name=pod, devices_needed=self.m.job.nproc_per_node)])
+        if isinstance(result, Unschedulable):
+            self.m.console.line(f"cannot place {pod}: {result.reason}")
+            self._queue.append(PodUnschedulable(pod=pod, at=now))
+            return
+        self.m.cluster = self.m.cluster.bind(result.bindings)
+        self._rejoin(replace={}, now=now, suspect=tuple(lost), skip_pods=())
+        gen = self.m.generation
+        for b in result.bindings:
+            self.m.ledger.record(
+                PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
+            )
+            self.m.console.line(f"replacement pod {b.pod} placed on {b.node}")
+            self._start_agent(b.pod, b.node, b.devices, gen)
+            self.m.pods[b.pod].join = {"source": source[0], "step": source[1]}
+        if self.m.incident is not None:
+            self.m.incident.awaiting_replacement = pod
 
     # ---- isolation --------------------------------------------------------------------
     def _isolate_all(self, devs: tuple[DeviceRef, ...], nodes: tuple[str, ...]) -> None:

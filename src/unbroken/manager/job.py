@@ -65,6 +65,7 @@ from unbroken.manager.service import CommandQueues, Inbound, build_server
 from unbroken.policy import FaultDetected as PolicyFault
 from unbroken.policy import Feasibility, Running
 from unbroken.policy import RecoveryCompleted as PolicyRecovered
+from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
 from unbroken.scheduler import Cluster
 
@@ -99,6 +100,7 @@ class Incident:
     step_at_fault: int
     strategy: str = ""
     generations: set[int] = field(default_factory=set)
+    awaiting_replacement: str | None = None
 
 
 class JobManager:
@@ -310,7 +312,7 @@ class JobManager:
             msg.reply.put({"ok": False, "error": "unknown or replaced pod"})
             return
         pod.hello_at = pod.last_heartbeat_at = time.time()
-        msg.reply.put({"ok": True, "generation": pod.generation})
+        msg.reply.put({"ok": True, "generation": pod.generation, "join": pod.join})
 
     def _heartbeat(self, body: dict[str, Any]) -> None:
         pod = self._pod_by_pid(body)
@@ -349,21 +351,29 @@ class JobManager:
                 self.generation,
             )
             return
-        if event == "ranks-started":
+        if event in ("ranks-started", "ranks-rejoined"):
             pids = {int(r): int(p) for r, p in body["pids"].items()}
             pod.rank_pids = pids
             for rank, pid in pids.items():
                 self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
-            self.ledger.record(
-                ProcessesStarted(
-                    pod=pod.pod,
-                    node=pod.node,
-                    ranks=tuple(sorted(pids)),
-                    pids=tuple(pids[r] for r in sorted(pids)),
-                    generation=gen,
-                ),
-                at=float(body.get("started_at", time.time())),
-            )
+            # A rejoin keeps the healthy processes: only replacements are started processes.
+            started = sorted(pids) if event == "ranks-started" else sorted(map(int, body["joined"]))
+            if started:
+                self.ledger.record(
+                    ProcessesStarted(
+                        pod=pod.pod,
+                        node=pod.node,
+                        ranks=tuple(started),
+                        pids=tuple(pids[r] for r in started),
+                        generation=gen,
+                    ),
+                    at=float(body.get("started_at", time.time())),
+                )
+            if self.incident is not None and self.incident.awaiting_replacement == pod.pod:
+                self.incident.awaiting_replacement = None
+                self.executor.policy(
+                    PolicyReplacementReady(pod=pod.pod, at=time.time()), time.time()
+                )
         elif event == "rank-exited":
             self._rank_exited(pod, body)
         elif event == "rank-hung":
@@ -502,10 +512,20 @@ class JobManager:
         )
 
     def feasibility(self, fault: Fault, now: float) -> Feasibility:
+        """What is possible now, as the policy needs it (see :class:`Feasibility`).
+
+        Unbroken assumes data parallelism: every rank holds a full replica of the model and
+        optimizer (DDP). A replica of the lost state exists when a rank outside the fault is
+        alive and its worker can recover in process; ranks are outside the optimizer update
+        (or in a split the repair fixes) when the healthy ranks' committed steps differ by at
+        most one: the replica source is then the most advanced one.
+        """
         rank0_pod = self.job.pod_of_rank(0)
+        healthy = self.executor.healthy_ranks(fault)
+        committed = {self.ranks[r].committed for r in healthy}
         return Feasibility(
-            replica_for_lost_state=False,
-            outside_update=False,
+            replica_for_lost_state=bool(healthy) and self.executor.in_process_recovery(),
+            outside_update=bool(committed) and max(committed) - min(committed) <= 1,
             spare_node_free=self.executor.spare_node_free(),
             fault_age_s=max(0.0, now - fault.at),
             rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,

@@ -35,6 +35,7 @@ class PodProcess:
     finished: bool = False
     stopped: bool = False
     lost: bool = False
+    join: dict[str, int] | None = None  # ranks start as replacements: {"source", "step"}
 
     @property
     def pid(self) -> int:

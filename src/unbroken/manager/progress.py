@@ -28,6 +28,7 @@ class RankView:
     comm_ready_at: float = 0.0
     state_loaded_at: float = 0.0
     first_commit_at: float = 0.0
+    recoverable: bool = False  # the worker can rejoin a new group and be repaired in process
 
     def update(self, row: Mapping[str, Any]) -> None:
         for key in (
@@ -42,6 +43,7 @@ class RankView:
             "state_loaded_at",
             "first_commit_at",
             "alive",
+            "recoverable",
         ):
             if key in row:
                 setattr(self, key, type(getattr(self, key))(row[key]))
