@@ -4,9 +4,10 @@ Starts ``--world`` ranks the way ``unbroken launch`` does (env:// against a TCPS
 owns, Unbroken's variables set, so the heartbeat is on), each training the anchor workload (an
 MLP 256->1024->1024->1024->16, AdamW, DDP on gloo, a step of roughly 70 ms on two cores). Every
 rank alternates blocks of ``--block`` steps driven by a plain ``range`` and by
-``session.steps``; the medians of the per-step times over ``--repeats`` blocks each are
-compared. With ``--ckpt-every N`` the session also saves an asynchronous checkpoint every N
-steps, so the ratio includes the checkpoint stall. A micro-benchmark of the hooks alone (an
+``session.steps``, ``--repeats`` blocks of each; the median and the mean per-step times are
+compared (the median is the steady-state cost of the hooks; the mean also carries rare
+stalls). With ``--ckpt-every N`` the session also saves an asynchronous checkpoint every N
+steps, so the mean includes the checkpoint stall. A micro-benchmark of the hooks alone (an
 empty loop body) gives their cost in microseconds, free of the training's noise.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/worker_overhead.py [--ckpt-every 20]
@@ -62,19 +63,26 @@ def _rank_main(args: argparse.Namespace) -> None:
     for step in range(args.warmup):
         train_step(step)
 
+    # Per-step times: from one loop body's start to the next's, so the session's work at the
+    # step boundary (commit, heartbeat, checkpoint staging) counts against its steps. Short
+    # alternating blocks expose both loops to the same background load.
     plain: list[float] = []
     hooked: list[float] = []
     for _ in range(args.repeats):
         dist.barrier()
-        t0 = time.perf_counter()
+        marks = []
         for step in range(args.block):
+            marks.append(time.perf_counter())
             train_step(step)
-        plain.append((time.perf_counter() - t0) / args.block)
+        marks.append(time.perf_counter())
+        plain += [b - a for a, b in itertools.pairwise(marks)]
         dist.barrier()
-        t0 = time.perf_counter()
+        marks = []
         for step in session.steps(session.committed + args.block):
+            marks.append(time.perf_counter())
             train_step(step)
-        hooked.append((time.perf_counter() - t0) / args.block)
+        marks.append(time.perf_counter())
+        hooked += [b - a for a, b in itertools.pairwise(marks)]
 
     # The hooks alone: an empty body, so the loop costs only what the session adds.
     n = 20_000
@@ -135,8 +143,8 @@ def _launch(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--block", type=int, default=20, help="steps per timed block")
-    p.add_argument("--repeats", type=int, default=7, help="blocks of each kind")
+    p.add_argument("--block", type=int, default=10, help="steps per alternating block")
+    p.add_argument("--repeats", type=int, default=30, help="blocks of each kind")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--hidden", type=int, default=1024)
@@ -149,13 +157,15 @@ def main() -> None:
         _rank_main(args)
         return
     result = _launch(args)
-    plain = statistics.median(result["plain_s"])
-    hooked = statistics.median(result["session_s"])
+    plain, hooked = result["plain_s"], result["session_s"]
     ckpt = f", checkpoint every {args.ckpt_every} steps" if args.ckpt_every else ""
-    print(f"world {args.world}, {args.repeats} blocks of {args.block} steps each{ckpt}")
-    print(f"plain loop     median {plain * 1e3:8.2f} ms/step")
-    print(f"session.steps  median {hooked * 1e3:8.2f} ms/step")
-    print(f"ratio          {hooked / plain:.4f} ({(hooked / plain - 1) * 100:+.2f} %)")
+    print(f"world {args.world}, {len(plain)} steps of each loop in blocks of {args.block}{ckpt}")
+    for name, stat in (("median", statistics.median), ("mean", statistics.fmean)):
+        p, h = stat(plain), stat(hooked)
+        print(
+            f"{name:6s} plain {p * 1e3:7.2f} ms/step   session {h * 1e3:7.2f} ms/step   "
+            f"ratio {h / p:.4f} ({(h / p - 1) * 100:+.2f} %)"
+        )
     print(f"hooks alone    {result['hooks_s'] * 1e6:8.2f} us/step (empty loop body)")
 
 
