@@ -1,9 +1,10 @@
 """The environment a rank process starts with: torchrun's variables plus Unbroken's own.
 
 ``TORCHELASTIC_USE_AGENT_STORE=True`` makes a plain ``dist.init_process_group("gloo")`` connect
-as a *client* to the rendezvous store at MASTER_ADDR:MASTER_PORT instead of rank 0 hosting it,
-and ``TORCHELASTIC_RESTART_COUNT=<generation>`` makes torch prefix every key with
-``/worker/attempt_<generation>``, so a restarted world never reads a dead rank's address.
+as a *client* to the rendezvous store at MASTER_ADDR:MASTER_PORT instead of rank 0 hosting it.
+torch 2.13 puts no per-attempt prefix on the keys of that store, so every generation gets a
+store of its own (a new MASTER_PORT): a restarted world never reads a dead rank's address.
+``TORCHELASTIC_RESTART_COUNT`` carries the generation for scripts that look at it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """The agent without a job manager: what ``torchrun`` does, without its stale-store trap.
 
-The agent of node rank 0 hosts the rendezvous store (not rank 0's training process, so a crash
-of rank 0 does not take the store with it). Every restart round is a new generation and ranks
-use the prefix ``/worker/attempt_<generation>``, so restarted ranks never read a dead rank's
-address. When a local rank fails, its agent moves the shared round counter forward (compare and
-set, so two agents failing together make one round); every agent that sees a newer round
+The agent of node rank 0 hosts the stores (not rank 0's training process, so a crash of rank 0
+does not take them with it): the agents' own store on ``--master_port``, and one rendezvous
+store per restart round for the ranks, on ``--master_port + 1 + round``. torch 2.13's env://
+rendezvous puts no per-attempt prefix on its keys, so a store shared across rounds would hand
+restarted ranks the addresses of dead ones (the stale-store trap of torchrun); a fresh store per
+round cannot. When a local rank fails, its agent moves the shared round counter forward (compare
+and set, so two agents failing together make one round); every agent that sees a newer round
 restarts its ranks into it. ``--max_restarts`` bounds the rounds. Without a job manager there is
 no rescheduling and no process-level recovery: this mode exists so the same scripts and command
 lines work with and without the control plane.
@@ -12,6 +14,7 @@ lines work with and without the control plane.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -59,7 +62,16 @@ def run_standalone(args: LaunchArgs) -> int:
     generation = int(store.get(_ROUND).decode())
     restarts = 0
 
+    round_stores: dict[int, TCPStore] = {}
+
     def start(gen: int) -> dict[int, RankProcess]:
+        port = args.master_port + 1 + gen
+        if is_host and gen not in round_stores:
+            round_stores.clear()  # the previous round's store closes
+            round_stores[gen] = TCPStore(
+                host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+            )
+        round_args = dataclasses.replace(args, master_port=port)
         procs = {}
         for local in range(args.nproc_per_node):
             rank = args.global_rank(local)
@@ -69,7 +81,7 @@ def run_standalone(args: LaunchArgs) -> int:
                 local_rank=local,
                 generation=gen,
                 argv=argv,
-                env=rank_env(os.environ, args, local, gen, None),
+                env=rank_env(os.environ, round_args, local, gen, None),
                 log_path=logp,
                 on_exit=exits.put,
             )
