@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from unbroken.worker.heartbeat import (
     MAGIC,
     RECORD_SIZE,
+    VERSION,
     HeartbeatFormatError,
     HeartbeatReader,
     HeartbeatRecord,
@@ -102,7 +103,9 @@ def test_decode_names_what_is_wrong() -> None:
     good = encode(HeartbeatRecord(pid=1))
     with pytest.raises(HeartbeatFormatError, match=r"magic b'XXXX', expected b'UBHB'"):
         decode(b"XXXX" + good[4:])
-    with pytest.raises(HeartbeatFormatError, match="format version 9, this reader knows 1"):
+    with pytest.raises(
+        HeartbeatFormatError, match=f"format version 9, this reader knows {VERSION}"
+    ):
         decode(good[:4] + struct.pack("<H", 9) + good[6:])
     with pytest.raises(HeartbeatFormatError, match="is 20 bytes"):
         decode(good[:20])
