@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     target.add_argument("--pod")
     target.add_argument("--node")
     p.add_argument("--device", type=int, default=None)
-    p.add_argument("--code", default=None, help="device fault code, e.g. 80E01801")
+    p.add_argument("--code", default=None, help="device fault code, e.g. 80E3A201")
+    p.add_argument("--clear", action="store_true", help="device: the device reports healthy again")
     p.add_argument("--run", type=Path, default=None, help="run directory (default: newest)")
 
 
@@ -33,8 +34,10 @@ def run(args: argparse.Namespace) -> int:
     if kind in (InjectKind.NODE, InjectKind.DEVICE) and args.node is None:
         print(f"unbroken inject: {kind} needs --node", file=sys.stderr)
         return 2
-    if kind is InjectKind.DEVICE and (args.device is None or args.code is None):
-        print("unbroken inject: device needs --device and --code", file=sys.stderr)
+    if kind is InjectKind.DEVICE and (args.device is None or (args.code is None) != args.clear):
+        print(
+            "unbroken inject: device needs --device and one of --code or --clear", file=sys.stderr
+        )
         return 2
     if kind not in (InjectKind.NODE, InjectKind.DEVICE) and args.node is not None:
         print(f"unbroken inject: {kind} targets --rank or --pod", file=sys.stderr)
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         "node": args.node,
         "device": args.device,
         "code": args.code,
+        "clear": args.clear,
     }
     try:
         reply = client.call("Inject", body)

@@ -33,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from unbroken.chaos import ChaosFault, InjectKind
-from unbroken.devices import DeviceWatcher, SimProvider, inject_device_fault
+from unbroken.devices import (
+    DeviceWatcher,
+    SimProvider,
+    clear_device_fault,
+    inject_device_fault,
+)
 from unbroken.faults import CodeTable, Fault, FaultKind, escalate
 from unbroken.ledger import (
     CommunicationReady,
@@ -677,6 +682,7 @@ class JobManager:
             node=body.get("node"),
             device=opt_int("device"),
             code=body.get("code"),
+            clear=bool(body.get("clear")),
         )
 
     def inject(
@@ -688,8 +694,12 @@ class JobManager:
         node: str | None = None,
         device: int | None = None,
         code: str | None = None,
+        clear: bool = False,
     ) -> str:
-        """Inject a real fault from outside the training processes; returns what was done."""
+        """Inject a real fault from outside the training processes; returns what was done.
+
+        ``clear`` (device only): the device reports healthy again, so it returns to the pool
+        when ``autoStowing`` is on."""
         at = time.time()
         if kind in (InjectKind.KILL, InjectKind.HANG, InjectKind.EXCEPTION):
             sig = {
@@ -722,10 +732,14 @@ class JobManager:
                 raise ValueError(
                     f"device {device!r} does not exist on {node} (0-{self.cl.devices_per_node - 1})"
                 )
-            if not code:
+            if clear:
+                clear_device_fault(self.sim_dir, node, device)
+                detail = f"device {device} of {node} healthy again"
+            elif not code:
                 raise ValueError("a device fault needs --code")
-            inject_device_fault(self.sim_dir, node, device, code)
-            detail = f"device fault {code} on {node} device {device}"
+            else:
+                inject_device_fault(self.sim_dir, node, device, code)
+                detail = f"device fault {code} on {node} device {device}"
         self.ledger.record_raw("FaultInjected", {"kind": str(kind), "detail": detail}, at=at)
         return detail
 
