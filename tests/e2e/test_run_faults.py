@@ -1,0 +1,171 @@
+"""``unbroken run`` through real faults: 2 pods x 2 ranks of examples/train_mlp.py on gloo, one
+spare node. Each faulted run must finish with the fault-free run's model, bit for bit, and its
+ledger must tell what happened and how the job recovered."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_runs import FIXTURES, Reference, digest, events, of_kind, run_job, status, unbroken
+
+pytestmark = pytest.mark.e2e
+
+MASTER, WORKER = "e2e-mlp-master-0", "e2e-mlp-worker-0"
+
+
+def the_incident(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events from the only fault to its recovery; fails unless there was exactly one
+    fault and it was recovered."""
+    faults = of_kind(evs, "FaultDetected")
+    assert len(faults) == 1, f"expected one fault, got {faults}"
+    ids = [e["id"] for e in evs]
+    first = ids.index(faults[0]["id"])
+    done = of_kind(evs, "RecoveryCompleted", fault_id=faults[0]["fault_id"])
+    assert done, f"the fault was not recovered: {[e['kind'] for e in evs[first:]]}"
+    return evs[first : ids.index(done[0]["id"]) + 1]
+
+
+def assert_succeeded(res_stdout: str, run_dir: Path, reference: Reference) -> None:
+    assert "job e2e-mlp: SUCCEEDED" in res_stdout
+    assert "step 60/60; 1 fault(s), 1 recovery(ies)" in res_stdout
+    assert digest(run_dir) == reference.digest, "the recovered model differs from the fault-free"
+    st = status(run_dir)
+    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 60, st
+
+
+def recomputed_steps(run_dir: Path) -> int:
+    res = unbroken("events", run_dir, "--incidents")
+    assert res.rc == 0, res.explain()
+    found = re.findall(r"^\s+recomputed\s+(\d+) steps$", res.stdout, re.MULTILINE)
+    assert len(found) == 1, res.stdout
+    return int(found[0])
+
+
+def test_killed_rank_restarts_in_its_pod_from_the_checkpoint(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-rank.yaml")
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, run_dir, fault_free)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    kinds = [e["kind"] for e in incident]
+    fault = incident[0]
+    assert fault["source"] == "process-exit" and fault["code"] == "signal:SIGKILL", fault
+    assert fault["ranks"] == [3] and fault["pods"] == [WORKER] and fault["step"] == 25, fault
+    # Software fault, fault-retry-times 0: every rank restarts in its pod, nothing moves.
+    decision = incident[1]
+    assert decision["kind"] == "DecisionMade" and decision["strategy"] == "process-restart"
+    assert "PodPlaced" not in kinds and "PodsStopped" not in kinds, kinds
+    restarted = of_kind(incident, "ProcessesStarted", generation=1)
+    assert sorted(e["pod"] for e in restarted) == [MASTER, WORKER], restarted
+    phases = [k for k in kinds if k != "ProcessesStarted"]
+    assert phases == [
+        "FaultDetected",
+        "DecisionMade",
+        "CommunicationReady",
+        "StateLoaded",
+        "FirstStepCommitted",
+        "RecoveryCompleted",
+    ], kinds
+    assert kinds.index("ProcessesStarted") < kinds.index("CommunicationReady"), kinds
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 20, "checkpoint")
+    first = of_kind(incident, "FirstStepCommitted")[0]
+    assert (first["generation"], first["step"]) == (1, 21), first
+    assert incident[-1]["strategy"] == "process-restart", incident[-1]
+    assert recomputed_steps(run_dir) == 25 - 20
+
+
+def test_lost_node_moves_its_pod_to_the_spare_node(run_dir: Path, fault_free: Reference) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml")
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, run_dir, fault_free)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    fault = incident[0]
+    assert fault["source"] == "node-lost" and fault["nodes"] == ["node-1"], fault
+    assert fault["pods"] == [WORKER] and fault["ranks"] == [2, 3], fault
+    assert incident[1]["kind"] == "DecisionMade", incident[1]
+    assert incident[1]["strategy"] == "pod-rescheduling", incident[1]
+    assert of_kind(incident, "NodeIsolated", node="node-1"), incident
+    # Only the pod of the lost node moves, to the spare node; rank 0's pod stays where it is.
+    assert [(e["pod"], e["node"]) for e in of_kind(evs, "PodPlaced", generation=1)] == [
+        (WORKER, "node-2")
+    ]
+    assert of_kind(evs, "ProcessesStarted", pod=MASTER, node="node-0", generation=1)
+    assert of_kind(evs, "ProcessesStarted", pod=WORKER, node="node-2", generation=1)
+    st = status(run_dir)
+    assert st is not None
+    assert {p["name"]: p["node"] for p in st["pods"]} == {MASTER: "node-0", WORKER: "node-2"}
+
+
+def test_hung_rank_is_detected_as_a_hang_and_recovered(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "hang-rank.yaml")
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, run_dir, fault_free)
+
+    incident = the_incident(events(run_dir))
+    fault = incident[0]
+    assert fault["source"] == "hang" and fault["code"] == "heartbeat-timeout", fault
+    assert fault["ranks"] == [2] and fault["pods"] == [WORKER], fault
+    assert re.search(r"rank 2 \(pid \d+\) silent for [\d.]+ s", fault["detail"]), fault
+    assert incident[1]["strategy"] == "process-restart", incident[1]
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["step"], loaded["source"]) == (20, "checkpoint"), loaded
+
+
+def test_isolating_device_fault_moves_the_pod_to_the_spare_node(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    res = run_job(
+        run_dir,
+        "--cluster",
+        FIXTURES / "cluster-fast-watch.yaml",
+        "--chaos",
+        FIXTURES / "device-isolate.yaml",
+    )
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, run_dir, fault_free)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    fault = incident[0]
+    assert (fault["source"], fault["code"], fault["level"]) == (
+        "device",
+        "80E3A201",
+        "SeparateNPU",
+    ), fault
+    assert fault["nodes"] == ["node-1"] and fault["ranks"] == [3], fault
+    assert incident[1]["strategy"] == "pod-rescheduling", incident[1]
+    isolated = of_kind(incident, "DeviceIsolated")
+    assert [(e["node"], e["device"], e["code"]) for e in isolated] == [("node-1", 1, "80E3A201")]
+    assert not of_kind(evs, "NodeIsolated"), "a device fault isolated a whole node"
+    assert [(e["pod"], e["node"]) for e in of_kind(evs, "PodPlaced", generation=1)] == [
+        (WORKER, "node-2")
+    ]
+    assert of_kind(incident, "PodsStopped", pods=[WORKER]), incident
+
+
+def test_exception_in_a_rank_is_reported_with_its_text_and_recovered(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "exception-rank.yaml")
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, run_dir, fault_free)
+
+    incident = the_incident(events(run_dir))
+    fault = incident[0]
+    assert fault["source"] == "exception" and fault["ranks"] == [1], fault
+    assert "InjectedFault: injected exception in rank 1 before step 25" in fault["detail"], fault
+    assert incident[1]["strategy"] == "process-restart", incident[1]
+    assert of_kind(incident, "StateLoaded", generation=1, step=20), incident
+    # The summary names the fault the way the ledger does.
+    assert "exception fault exit:1 (f1)" in res.stdout, res.stdout
