@@ -118,11 +118,6 @@ def test_chaos_rank_that_does_not_exist_names_the_entry_and_the_ranks(tmp_path: 
     assert not processes_of(run_dir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unbroken run makes the run directory before it checks the training script and the "
-    "chaos file, and leaves it behind, empty, when they are wrong",
-)
 @pytest.mark.parametrize("wrong", ["script", "chaos"])
 def test_bad_input_leaves_no_run_directory_behind(tmp_path: Path, wrong: str) -> None:
     if wrong == "script":

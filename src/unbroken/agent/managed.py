@@ -92,6 +92,8 @@ class ManagedAgent:
         self._last_contact = time.monotonic()
         self._readers: dict[int, HeartbeatReader] = {}
         self._mailboxes: dict[int, MailboxWriter] = {}
+        self._failed_seen: dict[int, float] = {}
+        self._ended_after_failure: set[int] = set()
         self.pod_dir = settings.run_dir / "pods" / settings.pod
         self.use_standby = settings.standby and not args.no_python
         self._standbys: dict[int, subprocess.Popen[bytes]] = {}
@@ -349,6 +351,8 @@ class ManagedAgent:
             if ex.succeeded:
                 self.done.add(ex.rank)
                 continue
+            if ex.pid in self._ended_after_failure:
+                ex = dataclasses.replace(ex, ended_after_failure=True)
             log.warning("rank %d (pid %d) %s", ex.rank, ex.pid, ex.describe())
             snap = self._readers[ex.rank].read() if ex.rank in self._readers else None
             self._call(
@@ -358,7 +362,8 @@ class ManagedAgent:
                     "rank": ex.rank,
                     "pid": ex.pid,
                     "returncode": ex.returncode,
-                    "signal": ex.signal_name,
+                    "signal": None if ex.ended_after_failure else ex.signal_name,
+                    "ended_after_failure": ex.ended_after_failure,
                     "traceback": ex.traceback[-8000:],
                     "peer_failure": ex.peer_failure,
                     "exited_at": ex.at,
@@ -390,13 +395,25 @@ class ManagedAgent:
             else:
                 log.error("unknown command from the manager: %r", cmd)
 
+    def _end_failed(self, proc: RankProcess, now: float) -> None:
+        """A rank whose training loop raised can take seconds to exit (thread joins, group
+        teardown). Once its traceback is in the log, or after 5 s, the agent ends it so the
+        fault is reported at once."""
+        seen = self._failed_seen.setdefault(proc.pid, now)
+        if proc.traceback() or now - seen > 5.0:
+            self._ended_after_failure.add(proc.pid)
+            proc.kill()
+
     def _check_hangs(self) -> None:
         now = time.time()
         for rank, proc in self.ranks.items():
             if not proc.alive or (rank, self.generation) in self.hung_reported:
                 continue
             snap = self._readers[rank].read()
-            if snap is None or snap.pid != proc.pid or snap.phase in (Phase.DONE, Phase.FAILED):
+            if snap is not None and snap.pid == proc.pid and snap.phase is Phase.FAILED:
+                self._end_failed(proc, now)
+                continue
+            if snap is None or snap.pid != proc.pid or snap.phase is Phase.DONE:
                 continue  # finished ranks wait for their peers at exit without ticking
             timeout_s = max(self.s.hang_floor_s, self.s.hang_factor * snap.step_time_s)
             stale_s = now - snap.tick_at

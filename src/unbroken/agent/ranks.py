@@ -63,10 +63,12 @@ class RankExit:
     def succeeded(self) -> bool:
         return self.returncode == 0
 
+    ended_after_failure: bool = False  # its agent killed it once its training loop had failed
+
     @property
     def peer_failure(self) -> bool:
         """The rank failed because a peer did (its traceback is a collective/network error)."""
-        return self.returncode > 0 and is_peer_failure(self.traceback)
+        return (self.returncode > 0 or self.ended_after_failure) and is_peer_failure(self.traceback)
 
     def describe(self) -> str:
         if self.succeeded:
@@ -82,13 +84,14 @@ def is_peer_failure(traceback_text: str) -> bool:
     return any(marker in last_lines for marker in _PEER_FAILURE_MARKERS)
 
 
-def extract_traceback(log_path: Path, max_bytes: int = 64 * 1024) -> str:
-    """The last Python traceback in a log file (or its tail when there is none)."""
+def extract_traceback(log_path: Path, max_bytes: int = 64 * 1024, start: int = 0) -> str:
+    """The last Python traceback in a log file after byte ``start`` (or the tail when there
+    is none)."""
     try:
         with log_path.open("rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - max_bytes))
+            f.seek(max(start, size - max_bytes))
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
@@ -124,6 +127,7 @@ class RankProcess:
             f"=== rank {rank} generation {generation} started at {self.started_at:.3f}\n".encode()
         )
         self._log_file.flush()
+        self.log_start = self._log_file.tell()  # this incarnation's output starts here
         if standby is not None and standby.poll() is None and standby.stdin is not None:
             # A warm process with torch imported takes the rank (see unbroken.agent.standby).
             module = "-m" in argv[:3]
@@ -156,7 +160,7 @@ class RankProcess:
         returncode = self._proc.wait()
         at = time.time()
         self._log_file.close()
-        text = "" if returncode == 0 else extract_traceback(self.log_path)
+        text = "" if returncode == 0 else extract_traceback(self.log_path, start=self.log_start)
         self._on_exit(
             RankExit(
                 rank=self.rank,
@@ -180,6 +184,11 @@ class RankProcess:
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
+
+    def traceback(self) -> str:
+        """The traceback this incarnation has printed so far ("" when none)."""
+        text = extract_traceback(self.log_path, start=self.log_start)
+        return text if text.startswith("Traceback") else ""
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for the exit to be observed (and reported); True if it exited in time."""

@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _line(rec: Record, as_json: bool) -> str:
     if as_json:
-        return json.dumps({"id": rec.id, "at": rec.at, "kind": rec.kind, **rec.data})
+        return json.dumps({**rec.data, "id": rec.id, "at": rec.at, "kind": rec.kind})
     when = datetime.datetime.fromtimestamp(rec.at).strftime("%H:%M:%S.%f")[:-3]
     fields = " ".join(f"{k}={v}" for k, v in rec.data.items() if v not in (None, "", (), [], {}))
     return f"{rec.id:5d} {when} {rec.kind:<20} {fields}"

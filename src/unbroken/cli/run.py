@@ -10,6 +10,7 @@ it failed or the input was wrong (with the reason), 2 for usage errors.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def _fail(msg: str) -> int:
 
 def _script_path(job: JobSpec, script: str) -> Path:
     p = Path(script)
-    candidates = [p] if p.is_absolute() else [job.source.parent / p, Path.cwd() / p]
+    candidates = [p] if p.is_absolute() else [job.source.parent.resolve() / p, Path.cwd() / p]
     for c in candidates:
         if c.is_file():
             return c.resolve()
@@ -109,10 +110,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for w in (*job.warnings, *cluster.warnings):
         print(f"warning: {w}", file=sys.stderr)
+    # Everything is checked before the run directory is made: bad input leaves nothing behind.
     try:
-        run_dir = new_run_dir(job.name, args.run_dir)
-        layout = build_layout(job, cluster, run_dir)
-    except (RunDirError, ValueError, FileNotFoundError) as exc:
+        layout = build_layout(job, cluster, Path("."))
+    except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
     nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
     chaos: tuple[ChaosFault, ...] = ()
@@ -121,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
             chaos = load_chaos(args.chaos, layout.world_size, [p.name for p in layout.pods], nodes)
         except ChaosError as exc:
             return _fail(str(exc))
+    try:
+        run_dir = new_run_dir(job.name, args.run_dir)
+    except RunDirError as exc:
+        return _fail(str(exc))
+    layout = dataclasses.replace(layout, workdir=run_dir)
     cl = ClusterLayout(
         nodes=nodes,
         devices_per_node=cluster.devices_per_node,

@@ -108,6 +108,16 @@ class Incident:
     awaiting_replacement: str | None = None
 
 
+def _exception_name(traceback_text: str) -> str:
+    """The exception class of a traceback's last line (``[rank2]: pkg.Error: text`` ->
+    ``Error``)."""
+    last = traceback_text.strip().splitlines()[-1]
+    if last.startswith("[rank") and "]: " in last:
+        last = last.split("]: ", 1)[1]
+    name = last.split(":", 1)[0].strip()
+    return name.rsplit(".", 1)[-1] if name.replace(".", "").replace("_", "").isalnum() else "error"
+
+
 class JobManager:
     """Runs one job on the embedded cluster until it succeeds or fails."""
 
@@ -407,7 +417,7 @@ class JobManager:
         if sig:
             kind, code = FaultKind.PROCESS_EXIT, f"signal:{sig}"
         elif "Traceback (most recent call last)" in tb:
-            kind, code = FaultKind.EXCEPTION, f"exit:{body['returncode']}"
+            kind, code = FaultKind.EXCEPTION, _exception_name(tb)
         else:
             kind, code = FaultKind.PROCESS_EXIT, f"exit:{body['returncode']}"
         last = tb.strip().splitlines()[-1] if tb.strip() and not sig else ""
@@ -421,7 +431,13 @@ class JobManager:
             ranks=(rank,),
             detail=(
                 f"rank {rank} (pid {body['pid']}) "
-                + (f"killed by {sig}" if sig else f"exited {body['returncode']}")
+                + (
+                    f"killed by {sig}"
+                    if sig
+                    else "raised an exception"
+                    if body.get("ended_after_failure")
+                    else f"exited {body['returncode']}"
+                )
             )
             + (f": {last}" if last else ""),
         )
@@ -740,7 +756,7 @@ class JobManager:
             else:
                 inject_device_fault(self.sim_dir, node, device, code)
                 detail = f"device fault {code} on {node} device {device}"
-        self.ledger.record_raw("FaultInjected", {"kind": str(kind), "detail": detail}, at=at)
+        self.ledger.record_raw("FaultInjected", {"fault": str(kind), "detail": detail}, at=at)
         return detail
 
     def _rank_targets(self, rank: int | None, pod: str | None) -> list[tuple[int, int]]:
