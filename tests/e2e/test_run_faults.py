@@ -168,4 +168,4 @@ def test_exception_in_a_rank_is_reported_with_its_text_and_recovered(
     assert incident[1]["strategy"] == "process-restart", incident[1]
     assert of_kind(incident, "StateLoaded", generation=1, step=20), incident
     # The summary names the fault the way the ledger does.
-    assert "exception fault exit:1 (f1)" in res.stdout, res.stdout
+    assert "exception fault InjectedFault (f1)" in res.stdout, res.stdout
