@@ -7,6 +7,8 @@ a run that went through faults with a fault-free run's.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -30,3 +32,35 @@ def state_digest(module: torch.nn.Module) -> str:
         else:
             digest.update(repr(value).encode())
     return digest.hexdigest()
+
+
+def _update(digest: Any, value: object) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        digest.update(b"{")
+        for key in sorted(value, key=repr):
+            digest.update(repr(key).encode())
+            _update(digest, value[key])
+        digest.update(b"}")
+    elif isinstance(value, list | tuple):
+        digest.update(b"(" if isinstance(value, tuple) else b"[")
+        for item in value:
+            _update(digest, item)
+        digest.update(b"]")
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def training_state_digest(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, committed: int
+) -> bytes:
+    """sha256 (32 bytes) over the model state (as :func:`state_digest`), the optimizer's
+    ``state_dict`` (state tensors and scalars, hyperparameters of every group) and the number
+    of committed steps: two ranks with the same digest continue bitwise identically."""
+    digest = hashlib.sha256(state_digest(module).encode())
+    _update(digest, optimizer.state_dict())
+    digest.update(f"committed:{committed}".encode())
+    return digest.digest()

@@ -15,6 +15,14 @@ number of steps whose optimizer update has finished, which is also the index of 
 run; ``committed == step + 1`` between a commit and the next step's start. ``ckpt_step`` is the
 ``committed`` count of the last checkpoint this rank finished writing (-1: none).
 
+Recovery without a restart (:mod:`unbroken.worker.recovery`): a rank whose step failed, or that
+a ``pause`` command stopped, reports ``stopping`` with ``failed_step``/``failed_at`` while it
+waits for a command; ``command_seq`` is the mailbox command it last acted on. Rejoining, it
+stamps ``comm_ready_at`` (phase ``comm-ready``) when the new process group is up and
+``state_loaded_at`` (``state-loaded``, ``committed`` = the step it resumes at) when its state
+is repaired and verified, then counts ``recoveries`` and reports ``training`` again when the
+redone step starts. ``generation`` and ``rank`` follow the group it joined.
+
 Layout (little endian, ``RECORD_SIZE`` bytes): a 16-byte header (``MAGIC``, ``VERSION``, record
 size, sequence number) followed by 8-byte fields in the order of :data:`_FIELDS`, then zero
 padding reserved for later fields. Writers bump the sequence number to an odd value before an
@@ -35,7 +43,7 @@ from enum import StrEnum
 from pathlib import Path
 
 MAGIC = b"UBHB"
-VERSION = 1
+VERSION = 2
 RECORD_SIZE = 256
 DEFAULT_INTERVAL_S = 0.1
 
@@ -85,6 +93,11 @@ class HeartbeatRecord:
     comm_ready_at: float = 0.0
     state_loaded_at: float = 0.0
     first_commit_at: float = 0.0  # first step committed by this process
+    # In-process recovery (format version 2):
+    failed_step: int = -1  # the step that failed or was paused before; -1 once recovered
+    failed_at: float = 0.0  # when it failed
+    recoveries: int = 0  # in-process recoveries completed by this process
+    command_seq: int = 0  # the last mailbox command this process acted on
 
 
 # Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.

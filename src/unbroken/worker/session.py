@@ -19,11 +19,16 @@ checkpoint. :meth:`Session.steps` yields step indices from there; between two it
 (asynchronously), and honours a stop request. Under ``unbroken launch`` the session also
 writes the rank's heartbeat file (phases, step start and commit, step time) and turns SIGTERM
 into a stop at the next boundary (:class:`TrainingStopped`). Under plain ``torchrun`` those
-hooks are off; checkpoints work the same.
+hooks are off; checkpoints work the same, and so does the arithmetic: a DDP model's gradients
+are averaged by the same hook (:mod:`unbroken.worker.commhook`) either way.
 
-The step boundary is the one place where the loop's course changes; later recovery rungs hook
-in there too (a step whose collectives failed is repaired and yielded again instead of being
-committed), which is why the loop is a generator and the commit happens when it resumes.
+The step boundary is the one place where the loop's course changes: a step whose collectives
+or optimizer update failed is not committed; the session recovers without restarting the
+process (:mod:`unbroken.worker.recovery`: new process group, state repaired from a healthy
+replica, agreement checked) and yields the same step again. That is why the loop is a
+generator and the commit happens when it resumes. With ``seed=...`` every step's random
+numbers are a function of (seed, rank, step) (:mod:`unbroken.worker.steprng`), so a redone
+step, even on a replacement process, draws what a fault-free run drew.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from unbroken.worker import rng
 from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
+from unbroken.worker.recovery import Recovery, RecoverySettings
+from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
 
 logger = logging.getLogger(__name__)
@@ -102,6 +109,8 @@ class Session:
         self._stop = StopSignal(self._on_stop_request, self._stop_deadline_s)
         self._previous_excepthook = sys.excepthook
         self._chaos = RankChaos.from_env(env.rank, os.environ) if env.managed else None
+        self._rng: StepRng | None = None
+        self._recovery: Recovery | None = None
 
     # -- properties --------------------------------------------------------------------------
 
@@ -139,7 +148,12 @@ class Session:
             install_signal_fault()
             sys.excepthook = self._excepthook
         try:
-            if self.checkpointer is not None:
+            if self._recovery is not None and self._recovery.joining:
+                joined = self._recovery.join(lambda: self._stop.requested)
+                if joined is None:
+                    self._leave()
+                self._committed = joined
+            elif self.checkpointer is not None:
                 self.restored = self.checkpointer.load_latest(self.model, self.optimizer)
             if self.restored is not None:
                 self._restore_rank_state(self.restored)
@@ -190,8 +204,14 @@ class Session:
             self._leave()
         while self._committed < total:
             step = self._committed
+            if self._recovery is not None and self._recovery.poll():
+                self._recover()  # a command stopped this rank at the boundary
+                continue
             self._begin(step)
             yield step
+            if self._recovery is not None and self._recovery.failure is not None:
+                self._recover()  # then redo the step the repair resumes at
+                continue
             self._commit(step)
             if self._committed < total:
                 if self._stop.requested:
@@ -202,12 +222,23 @@ class Session:
     def _begin(self, step: int) -> None:
         if self._chaos is not None:
             self._chaos.before_step(step)
+        if self._recovery is not None:
+            self._recovery.begin_step(step)
+        elif self._rng is not None:
+            self._rng.begin(step, self.rank)
         self._step_began = time.monotonic()
         if self.heartbeat is not None:
             if self._first_commit:
                 self.heartbeat.update(phase=Phase.TRAINING, step=step, step_at=time.time())
             else:
                 self.heartbeat.update(step=step, step_at=time.time())
+
+    def _recover(self) -> None:
+        assert self._recovery is not None
+        step = self._recovery.recover(self._committed, lambda: self._stop.requested)
+        if step is None:
+            self._leave()
+        self._committed = step
 
     def _commit(self, step: int) -> None:
         elapsed_s = time.monotonic() - self._step_began
@@ -346,6 +377,9 @@ def init(
     heartbeat_interval_s: float = DEFAULT_INTERVAL_S,
     stop_timeout_s: float | None = None,
     ckpt_timeout_s: float = 600.0,
+    seed: int | None = None,
+    comm_timeout_s: float = 30.0,
+    command_timeout_s: float = 120.0,
 ) -> Session:
     """Start this rank's training session (collective: every rank calls it).
 
@@ -354,6 +388,13 @@ def init(
     now, and one is saved every ``ckpt_every`` committed steps (0: only on request), keeping
     the newest ``keep``. ``stop_timeout_s`` bounds the time from SIGTERM to exit (default: 5 s
     plus three average steps); ``ckpt_timeout_s`` bounds each checkpoint collective.
+
+    ``seed`` makes each step's random numbers a function of (seed, rank, step). A DDP model
+    on more than one rank gets its gradients averaged by a hook that survives a failed
+    collective (:mod:`unbroken.worker.commhook`) and, under an agent that gives the rank a
+    mailbox, recovers in process (:mod:`unbroken.worker.recovery`): ``comm_timeout_s`` is the
+    process groups' collective timeout, ``command_timeout_s`` how long a stopped rank waits
+    for its rejoin command.
     """
     global _active
     if _active is not None:
@@ -362,6 +403,12 @@ def init(
         raise ValueError(f"ckpt_every must be >= 0 (0: no periodic checkpoints), got {ckpt_every}")
     if stop_timeout_s is not None and stop_timeout_s <= 0:
         raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s}")
+    for name, value in (
+        ("comm_timeout_s", comm_timeout_s),
+        ("command_timeout_s", command_timeout_s),
+    ):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
     env = WorkerEnv.from_environ(os.environ)
     if env.world_size > 1 and not dist.is_initialized():
         raise RuntimeError(
@@ -398,6 +445,25 @@ def init(
         except BaseException:
             session._fail()
             raise
+    try:
+        session._rng = StepRng(seed, snapshot=False) if seed is not None else None
+        session._recovery = Recovery.for_model(
+            RecoverySettings.from_environ(
+                os.environ,
+                command_timeout_s=command_timeout_s,
+                comm_timeout_s=comm_timeout_s,
+                ckpt_timeout_s=ckpt_timeout_s,
+            ),
+            model=model,
+            optimizer=optimizer,
+            rng=session._rng,
+            heartbeat=heartbeat,
+            generation=env.generation,
+            checkpointer=session.checkpointer,
+        )
+    except BaseException:
+        session._fail()
+        raise
     _active = session
     session._start()
     return session

@@ -1,0 +1,500 @@
+"""Process-level recovery inside a training process: stop, regroup, repair, verify, redo.
+
+No healthy process restarts. The session (:mod:`unbroken.worker.session`) calls in at two
+places of its step loop and :class:`Recovery` does the rest:
+
+- **A step fails.** A gradient collective that fails inside ``loss.backward()`` is caught by
+  the DDP hook (:mod:`unbroken.worker.commhook`); an exception inside ``optimizer.step()`` is
+  caught by the wrapper this module puts on the optimizer, which marks the rank's state
+  *suspect* (the update may have run halfway). Either way the rest of the step does nothing
+  (the optimizer update is skipped) and the user's code runs on to the step boundary.
+- **Or a command asks.** At every step boundary the rank polls its mailbox
+  (:mod:`unbroken.worker.mailbox`; one ``stat``). ``pause`` stops it there.
+
+Then, at the boundary, the rank
+
+1. *leaves* the process group at once (waiting for a checkpoint save in flight first), so
+   peers still blocked in a collective with it fail fast instead of waiting for a timeout;
+2. reports ``stopping`` in its heartbeat with the failed step, and polls the mailbox every
+   ``poll_interval_s`` for a ``rejoin`` command, up to ``command_timeout_s``;
+3. *regroups*: connects to generation ``g``'s store (``master_addr:master_port``, keys under
+   ``default_pg`` exactly as ``init_process_group("gloo")`` over ``env://`` puts them), builds
+   the new default group with a ``comm_timeout_s`` timeout, replays the collectives a freshly
+   started rank's DDP constructor runs (shape check, broadcast from rank 0, received into
+   scratch copies so no state changes), rebuilds the checkpoint group, and points the DDP
+   hook at the new group; the heartbeat shows ``comm-ready``;
+4. *repairs* from the command's ``source`` and checks that every rank agrees
+   (:mod:`unbroken.worker.replica`); the heartbeat shows ``state-loaded`` with the repaired
+   step as ``committed``;
+5. *redoes* the step: the session yields step ``k`` again; the step's random numbers are the
+   same (:mod:`unbroken.worker.steprng`).
+
+A **replacement process** (``UNBROKEN_JOIN=1``) runs the user's script from the top: its
+``init_process_group`` joins the new generation (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE of
+that generation, ``TORCHELASTIC_USE_AGENT_STORE=True``), its DDP constructor runs the
+collectives the survivors replay in step 3, and ``unbroken.worker.init`` waits for the
+``rejoin`` command in its mailbox (the source and the step come from there, not from the
+environment) and runs step 4 instead of loading a checkpoint.
+
+Limits: the script must not run other collectives between ``init_process_group`` and
+``unbroken.worker.init``, nor inside a step outside DDP's backward (those would fail as
+exceptions of their own); DDP must be built with ``find_unused_parameters=False`` and, for a
+model with buffers, ``broadcast_buffers=False``; LR schedulers and other state outside the
+model and optimizer are not repaired.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore
+from torch.nn.parallel import DistributedDataParallel
+
+from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError
+from unbroken.worker.commhook import GradSync, SyncFailure, unsupported_reason
+from unbroken.worker.heartbeat import HeartbeatWriter, Phase
+from unbroken.worker.mailbox import (
+    MAILBOX,
+    Command,
+    MailboxError,
+    MailboxReader,
+    Pause,
+    Rejoin,
+    parse_command,
+)
+from unbroken.worker.replica import ReplicaError, repair
+from unbroken.worker.steprng import StepRng
+
+logger = logging.getLogger(__name__)
+
+#: Set to ``1`` for a process started to take a lost rank's place.
+JOIN = "UNBROKEN_JOIN"
+
+
+class RecoveryFailed(RuntimeError):
+    """In-process recovery could not bring this rank back; the process must not train on."""
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """How this rank recovers; read once by ``unbroken.worker.init``."""
+
+    mailbox: Path | None = None  # None: no agent to send commands (plain torchrun)
+    join: bool = False  # a replacement process
+    master_addr: str = ""  # the store this process's own init_process_group used
+    master_port: int = 0
+    command_timeout_s: float = 120.0
+    comm_timeout_s: float = 30.0
+    ckpt_timeout_s: float = 600.0
+    poll_interval_s: float = 0.02
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], **values: Any) -> RecoverySettings:
+        join_raw = environ.get(JOIN, "")
+        if join_raw not in ("", "0", "1"):
+            raise ValueError(f"environment variable {JOIN}={join_raw!r} is not 0 or 1")
+        mailbox = environ.get(MAILBOX) or None
+        join = join_raw == "1"
+        if join and mailbox is None:
+            raise ValueError(
+                f"{JOIN}=1 but {MAILBOX} is not set: a replacement process takes its "
+                "repair command from its mailbox"
+            )
+        port_raw = environ.get("MASTER_PORT", "")
+        return cls(
+            mailbox=Path(mailbox) if mailbox else None,
+            join=join,
+            master_addr=environ.get("MASTER_ADDR", ""),
+            master_port=int(port_raw) if port_raw.isdigit() else 0,
+            **values,
+        )
+
+
+class Recovery:
+    """One rank's recovery machinery; the session owns it (see the module doc)."""
+
+    def __init__(
+        self,
+        settings: RecoverySettings,
+        *,
+        ddp: DistributedDataParallel,
+        optimizer: torch.optim.Optimizer,
+        rng: StepRng,
+        heartbeat: HeartbeatWriter | None,
+        generation: int,
+    ) -> None:
+        self.settings = settings
+        self.ddp = ddp
+        self.optimizer = optimizer
+        self.rng = rng
+        self.heartbeat = heartbeat
+        self.generation = generation
+        self.rank = dist.get_rank()
+        self.checkpointer: Checkpointer | None = None
+        self.recoveries = 0
+        _set_timeout(settings.comm_timeout_s)
+        self.sync = GradSync.install(ddp, _default_group())
+        self._reader = (
+            MailboxReader(settings.mailbox, skip_existing=not settings.join)
+            if settings.mailbox is not None
+            else None
+        )
+        self._command: Command | None = None
+        self._update_failure: SyncFailure | None = None
+        self._suspect = False
+        self._resumed = False
+        self._step = -1
+        _wrap_optimizer_step(optimizer, self)
+
+    @classmethod
+    def for_model(
+        cls,
+        settings: RecoverySettings,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        rng: StepRng | None,
+        heartbeat: HeartbeatWriter | None,
+        generation: int,
+        checkpointer: Checkpointer | None,
+    ) -> Recovery | None:
+        """Recovery for a DDP model on more than one rank, when DDP's configuration allows it
+        (None otherwise: a replacement process then cannot start, anything else trains on
+        without it)."""
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        if not isinstance(model, DistributedDataParallel) or ranks < 2:
+            if settings.join:
+                raise ValueError(
+                    f"this process was started as a replacement ({JOIN}=1), but in-process "
+                    "recovery needs a DistributedDataParallel model on more than one rank"
+                )
+            return None
+        reason = unsupported_reason(model)
+        if reason is not None:
+            if settings.join:
+                raise ValueError(f"cannot join as a replacement: {reason}")
+            log = logger.warning if settings.mailbox is not None else logger.info
+            log("in-process recovery is off: %s", reason)
+            return None
+        recovery = cls(
+            settings,
+            ddp=model,
+            optimizer=optimizer,
+            rng=rng or StepRng(None, snapshot=settings.mailbox is not None),
+            heartbeat=heartbeat,
+            generation=generation,
+        )
+        recovery.checkpointer = checkpointer
+        return recovery
+
+    @property
+    def joining(self) -> bool:
+        return self.settings.join
+
+    @property
+    def failure(self) -> SyncFailure | None:
+        """Why the current step failed (None: it did not)."""
+        return self._update_failure or self.sync.failure
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        self._step = step
+        self._update_failure = None
+        self.sync.begin_step()
+        self.rng.begin(step, self.rank)
+        if self._resumed:
+            self._resumed = False
+            self._heartbeat(phase=Phase.TRAINING)
+
+    def poll(self) -> bool:
+        """At a step boundary: whether a command asks this rank to stop here."""
+        if self._reader is None:
+            return False
+        command = self._next_command()
+        if command is None:
+            return False
+        self._command = command
+        return True
+
+    def _next_command(self) -> Command | None:
+        assert self._reader is not None
+        try:
+            data = self._reader.poll()
+            return None if data is None else parse_command(data)
+        except MailboxError as e:
+            raise RecoveryFailed(f"rank {self.rank}: bad recovery command: {e}") from e
+
+    def _update_failed(self, error: Exception) -> None:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        self._update_failure = SyncFailure(f"{type(error).__name__}: {reason}", time.time())
+        self._suspect = True
+        logger.error(
+            "rank %d: the optimizer update of step %d failed (%s); its state is suspect",
+            self.rank,
+            self._step,
+            reason,
+        )
+
+    # -- recovering --------------------------------------------------------------------------
+
+    def recover(self, committed: int, should_stop: Callable[[], bool]) -> int | None:
+        """Stop, wait for a rejoin command, regroup, repair; returns the step to run next,
+        or None when a stop was requested while waiting."""
+        failure = self.failure
+        step = self._step if failure is not None else committed
+        rank = self.rank
+        if failure is not None:
+            what = f"step {step} failed ({failure.reason})"
+        else:
+            assert self._command is not None
+            what = f"{self._command.op} command {self._command.seq} at step boundary {step}"
+        if self._reader is None:
+            raise RecoveryFailed(
+                f"rank {rank}: {what}, and this process has no recovery command channel "
+                f"({MAILBOX} is not set: it was not launched by an Unbroken agent)"
+            )
+        logger.warning("rank %d: %s; leaving the process group", rank, what)
+        self._leave()
+        self._heartbeat(
+            phase=Phase.STOPPING,
+            failed_step=step,
+            failed_at=failure.at if failure is not None else time.time(),
+        )
+        command = self._command if isinstance(self._command, Rejoin) else None
+        self._command = None
+        if command is None:
+            command = self._wait_for_rejoin(what, should_stop)
+            if command is None:
+                return None
+        return self._rejoin(command, committed, regroup=True)
+
+    def join(self, should_stop: Callable[[], bool]) -> int | None:
+        """A replacement process: wait for the rejoin command and take the source's state."""
+        rank = dist.get_rank()
+        self._heartbeat(phase=Phase.STOPPING)
+        command = self._wait_for_rejoin("started as a replacement", should_stop)
+        if command is None:
+            return None
+        expected = (self.settings.master_addr, self.settings.master_port)
+        here = (command.rank, command.world_size)
+        if here != (rank, dist.get_world_size()) or (
+            self.settings.master_port and (command.master_addr, command.master_port) != expected
+        ):
+            raise RecoveryFailed(
+                f"rejoin command {command.seq} puts this replacement at {command.master_addr}:"
+                f"{command.master_port} as rank {command.rank} of {command.world_size}, but it "
+                f"joined {expected[0]}:{expected[1]} as rank {rank} of {dist.get_world_size()}"
+            )
+        return self._rejoin(command, 0, regroup=False)
+
+    def _wait_for_rejoin(self, what: str, should_stop: Callable[[], bool]) -> Rejoin | None:
+        started = time.monotonic()
+        deadline = started + self.settings.command_timeout_s
+        while True:
+            if should_stop():
+                return None
+            command = self._next_command()
+            if isinstance(command, Rejoin):
+                return command
+            if isinstance(command, Pause):
+                self._heartbeat(command_seq=command.seq)
+            if time.monotonic() >= deadline:
+                raise RecoveryFailed(
+                    f"rank {self.rank}: {what}; no "
+                    f"rejoin command arrived in {self.settings.mailbox} within "
+                    f"{self.settings.command_timeout_s:.0f} s, giving up"
+                )
+            time.sleep(self.settings.poll_interval_s)
+
+    def _leave(self) -> None:
+        if self.checkpointer is not None:
+            try:
+                self.checkpointer.wait()
+            except CheckpointError as e:
+                logger.warning("the checkpoint in flight when the step stopped is lost: %s", e)
+        # Drop every reference to the old groups first: gloo closes a group's connections
+        # only when its last reference goes, and peers must see them close.
+        self.sync.detach()
+        if self.checkpointer is not None:
+            self.checkpointer.pg = None
+        _unbind_default_arguments()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _rejoin(self, command: Rejoin, committed: int, *, regroup: bool) -> int:
+        self._heartbeat(command_seq=command.seq)
+        if regroup and command.generation <= self.generation:
+            raise RecoveryFailed(
+                f"rejoin command {command.seq} names generation {command.generation}, but "
+                f"this rank is already in generation {self.generation}"
+            )
+        try:
+            if regroup:
+                self._regroup(command)
+            self.generation = command.generation
+            self.rank = command.rank
+            self._heartbeat(
+                phase=Phase.COMM_READY,
+                comm_ready_at=time.time(),
+                generation=command.generation,
+                rank=command.rank,
+            )
+            repaired = repair(
+                self.ddp,
+                self.optimizer,
+                committed,
+                source=command.source,
+                step=command.step,
+                suspect=self._suspect,
+                fresh=self.joining and self.recoveries == 0,
+                timeout_s=self.settings.comm_timeout_s,
+            )
+        except (ReplicaError, RuntimeError) as e:
+            if isinstance(e, RecoveryFailed):
+                raise
+            raise RecoveryFailed(
+                f"rank {command.rank}: recovery into generation {command.generation} "
+                f"(replica source rank {command.source}, step {command.step}) failed: {e}"
+            ) from e
+        self._suspect = False
+        self.recoveries += 1
+        # With a seed the redone step seeds its generators itself. Without one, a rank that
+        # began the step rewinds to its snapshot; one stopped at the boundary before it is
+        # where the step starts; a rank that took another's state cannot know its own.
+        if self.rng.seed is None and (
+            repaired.received
+            or (self._step == repaired.step and not self.rng.rewind(repaired.step))
+        ):
+            logger.warning(
+                "rank %d: no seed was given to unbroken.worker.init, so the random numbers of "
+                "step %d cannot be reproduced here; the run goes on but is not bitwise "
+                "reproducible",
+                command.rank,
+                repaired.step,
+            )
+        self._resumed = True
+        self._heartbeat(
+            phase=Phase.STATE_LOADED,
+            state_loaded_at=time.time(),
+            committed=repaired.step,
+            failed_step=-1,
+            recoveries=self.recoveries,
+        )
+        logger.warning(
+            "rank %d: recovered into generation %d at step %d (%s)",
+            command.rank,
+            command.generation,
+            repaired.step,
+            f"state from rank {command.source}" if repaired.received else "own state kept",
+        )
+        return repaired.step
+
+    def _regroup(self, command: Rejoin) -> None:
+        timeout = timedelta(seconds=self.settings.comm_timeout_s)
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            command.master_addr,
+            command.master_port,
+            world_size=command.world_size,
+            is_master=False,
+            timeout=timeout,
+        )
+        excepthook = sys.excepthook  # init_process_group wraps it once more each time
+        try:
+            dist.init_process_group(
+                "gloo",
+                store=PrefixStore("default_pg", store),
+                rank=command.rank,
+                world_size=command.world_size,
+                timeout=timeout,
+            )
+        finally:
+            sys.excepthook = excepthook
+        self._replay_ddp_init()
+        if self.checkpointer is not None:
+            group = dist.new_group(
+                backend="gloo", timeout=timedelta(seconds=self.settings.ckpt_timeout_s)
+            )
+            self.checkpointer.pg = group
+            self.checkpointer.rank = dist.get_rank(group)
+            self.checkpointer.world_size = dist.get_world_size(group)
+        self.sync.attach(_default_group())
+
+    def _replay_ddp_init(self) -> None:
+        """The collectives ``DistributedDataParallel(module)`` runs on the default group, so
+        that a replacement process constructing DDP meets its peers there. Received into
+        copies: this rank's state stays as it is."""
+        group = _default_group()
+        params = self.ddp._build_params_for_reducer()[0]  # type: ignore[no-untyped-call]
+        dist._verify_params_across_processes(group, params, None)  # type: ignore[attr-defined]
+        ignore = self.ddp.parameters_to_ignore
+        copies = [
+            p.detach().clone()
+            for name, p in self.ddp.module.named_parameters()
+            if name not in ignore
+        ]
+        if copies:
+            dist._broadcast_coalesced(  # type: ignore[attr-defined]
+                group, copies, self.ddp.broadcast_bucket_size, 0
+            )
+
+    def _heartbeat(self, **values: Any) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.update(**values)
+
+
+def _default_group() -> dist.ProcessGroup:
+    group = dist.group.WORLD
+    assert isinstance(group, dist.ProcessGroup)
+    return group
+
+
+def _unbind_default_arguments() -> None:
+    """``torch.distributed.nn.functional`` (imported by DDP's constructor) binds the default
+    group of the moment as a default argument of its functions, which keeps that group, and
+    its connections, alive for good. ``None`` means the same (the current default group)."""
+    module = sys.modules.get("torch.distributed.nn.functional")
+    if module is None:
+        return
+    for value in vars(module).values():
+        defaults = getattr(value, "__defaults__", None)
+        if isinstance(defaults, tuple) and any(isinstance(d, dist.ProcessGroup) for d in defaults):
+            value.__defaults__ = tuple(
+                None if isinstance(d, dist.ProcessGroup) else d for d in defaults
+            )
+
+
+def _set_timeout(timeout_s: float) -> None:
+    """Give the default group a finite timeout: a hung peer must fail the step, not hang it."""
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), _default_group())
+
+
+def _wrap_optimizer_step(optimizer: torch.optim.Optimizer, recovery: Recovery) -> None:
+    """Skip the update of a failed step; turn an exception in the update into a failed step."""
+    original = optimizer.step
+
+    @functools.wraps(original)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if recovery.failure is not None:
+            logger.debug("skipping the optimizer update of failed step %d", recovery._step)
+            return None
+        try:
+            result = original(*args, **kwargs)
+        except RuntimeError as e:
+            recovery._update_failed(e)
+            return None
+        if recovery.sync.failure is not None:  # a closure's backward failed inside the step
+            recovery._suspect = True
+        return result
+
+    optimizer.step = step  # type: ignore[method-assign]

@@ -1,0 +1,345 @@
+"""Repair a rank's training state from a healthy replica, then check that every rank agrees.
+
+The protocol runs over a freshly built process group, on every rank of it:
+
+1. **Compare.** Each rank all-gathers ``(committed steps, flags, sha256 digest)`` of its
+   model, optimizer and data position (:func:`unbroken.worker.digest.training_state_digest`).
+   The chosen source must have committed exactly the step the job resumes at and must not
+   be suspect (an optimizer update that failed midway) nor a replacement process.
+2. **Transfer.** Ranks whose step or digest differ from the source's are the receivers. The
+   source and the receivers form a process group of their own; ranks already equal to the
+   source take no part. The source broadcasts a description (JSON, UTF-8, as a uint8 tensor
+   after an int64 header with the format version and its length): the model's tensor names,
+   dtypes and shapes, the optimizer's per-parameter state (tensors by reference, scalars
+   inline), its hyperparameter groups, and the committed step count. Then it broadcasts each
+   tensor in the description's order. Nothing is pickled. Receivers check the description
+   against their own model and optimizer before anything is written, receive model tensors
+   in place, and load the optimizer state with ``load_state_dict`` (a fresh process has no
+   optimizer state yet: the description says what to allocate).
+3. **Verify.** Every rank all-gathers its digest again; all must equal the source's, or every
+   rank raises :class:`ReplicaError` naming the ranks that differ. A run never continues on a
+   silently diverged replica.
+
+A collective that fails during any of this (the source died mid-transfer, a peer hung past
+the group's timeout) raises :class:`ReplicaError`; a receiver may then hold partial state, so
+the caller must not train on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from unbroken.worker.digest import training_state_digest
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+_SUSPECT = 1  # flag: an optimizer update failed midway on this rank
+_FRESH = 2  # flag: a replacement process that has no training state of its own
+
+
+class ReplicaError(RuntimeError):
+    """The repair could not be done or did not leave every rank with the source's state."""
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What a rank says about its state before and after a repair."""
+
+    rank: int
+    committed: int
+    flags: int
+    digest: bytes
+
+    @property
+    def suspect(self) -> bool:
+        return bool(self.flags & _SUSPECT)
+
+    @property
+    def fresh(self) -> bool:
+        return bool(self.flags & _FRESH)
+
+    def describe(self) -> str:
+        notes = [n for n, on in (("suspect", self.suspect), ("replacement", self.fresh)) if on]
+        extra = f", {', '.join(notes)}" if notes else ""
+        return f"rank {self.rank}: {self.committed} steps, digest {self.digest.hex()[:12]}{extra}"
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """The outcome on this rank."""
+
+    step: int  # committed steps after the repair = the step to run next
+    received: bool  # this rank took the source's state
+    receivers: tuple[int, ...]  # every rank that did
+
+
+def _module(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _gather(state: RankState, group: dist.ProcessGroup | None) -> list[RankState]:
+    digest = torch.frombuffer(bytearray(state.digest), dtype=torch.int64)
+    mine = torch.cat([torch.tensor([state.committed, state.flags], dtype=torch.int64), digest])
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [
+        RankState(
+            rank=rank,
+            committed=int(t[0]),
+            flags=int(t[1]),
+            digest=t[2:].numpy().tobytes(),
+        )
+        for rank, t in enumerate(out)
+    ]
+
+
+def local_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    committed: int,
+    *,
+    suspect: bool = False,
+    fresh: bool = False,
+) -> RankState:
+    flags = (_SUSPECT if suspect else 0) | (_FRESH if fresh else 0)
+    digest = training_state_digest(_module(model), optimizer, committed)
+    return RankState(dist.get_rank(), committed, flags, digest)
+
+
+def repair(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    committed: int,
+    *,
+    source: int,
+    step: int,
+    suspect: bool = False,
+    fresh: bool = False,
+    timeout_s: float = 30.0,
+) -> Repaired:
+    """Run the protocol above on the default process group (collective); see the module doc."""
+    me = local_state(model, optimizer, committed, suspect=suspect, fresh=fresh)
+    states = _gather(me, None)
+    src = states[source]
+    if src.fresh or src.suspect or src.committed != step:
+        why = (
+            "is a replacement process without training state"
+            if src.fresh
+            else "had an optimizer update fail midway (its state is suspect)"
+            if src.suspect
+            else f"has committed {src.committed} steps"
+        )
+        raise ReplicaError(
+            f"rank {source} cannot be the replica source for resuming at step {step}: it "
+            f"{why}; ranks report: " + "; ".join(s.describe() for s in states)
+        )
+    receivers = tuple(
+        s.rank
+        for s in states
+        if s.rank != source
+        and (s.committed != src.committed or s.digest != src.digest or s.suspect)
+    )
+    received = me.rank in receivers
+    if receivers:
+        logger.warning(
+            "repairing rank(s) %s from rank %d at step %d (%s)",
+            ", ".join(map(str, receivers)),
+            source,
+            step,
+            "; ".join(s.describe() for s in states if s.rank in receivers),
+        )
+    if me.rank == source or received:
+        group = dist.new_group(
+            ranks=[source, *receivers],
+            backend="gloo",
+            timeout=timedelta(seconds=timeout_s),
+            use_local_synchronization=True,
+        )
+        try:
+            if me.rank == source:
+                _send(model, optimizer, committed, source, group)
+            else:
+                committed = _receive(model, optimizer, source, group)
+        finally:
+            dist.destroy_process_group(group)
+    after = _gather(local_state(model, optimizer, committed, fresh=False), None)
+    differ = [
+        s
+        for s in after
+        if (s.committed, s.digest) != (after[source].committed, after[source].digest)
+    ]
+    if differ:
+        raise ReplicaError(
+            f"ranks {', '.join(str(s.rank) for s in differ)} differ from the replica source "
+            f"rank {source} after the repair: " + "; ".join(s.describe() for s in after)
+        )
+    return Repaired(step=committed, received=received, receivers=receivers)
+
+
+# -- the wire format -------------------------------------------------------------------------
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ReplicaError(f"replica description names unknown dtype {name!r}")
+    return value
+
+
+def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """A JSON value for ``value``; tensors go to ``tensors`` and are referenced by index."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value.detach().contiguous())
+        return {"tensor": len(tensors) - 1}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v, tensors) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, tensors) for v in value]
+    raise ReplicaError(f"optimizer state value of type {type(value).__name__} cannot be sent")
+
+
+def _decode(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, dict):
+        if "tensor" in value:
+            return tensors[int(value["tensor"])]
+        return tuple(_decode(v, tensors) for v in value["tuple"])
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    return value
+
+
+def describe(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, committed: int
+) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """The JSON description of this rank's state and the tensors it references, in order."""
+    tensors: list[torch.Tensor] = []
+    model_entries = []
+    for name, tensor in _module(model).state_dict().items():
+        model_entries.append({"name": name, "tensor": len(tensors)})
+        tensors.append(tensor.detach().contiguous())
+    sd = optimizer.state_dict()
+    state = [
+        {"param": int(index), "values": {key: _encode(v, tensors) for key, v in values.items()}}
+        for index, values in sd["state"].items()
+    ]
+    groups = [
+        {key: _encode(v, tensors) for key, v in group.items()} for group in sd["param_groups"]
+    ]
+    table = [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]
+    description = {
+        "format": FORMAT,
+        "committed": committed,
+        "model": model_entries,
+        "optimizer": {"state": state, "param_groups": groups},
+        "tensors": table,
+    }
+    return description, tensors
+
+
+def _send(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    committed: int,
+    source: int,
+    group: dist.ProcessGroup,
+) -> None:
+    description, tensors = describe(model, optimizer, committed)
+    payload = torch.frombuffer(bytearray(json.dumps(description).encode()), dtype=torch.uint8)
+    header = torch.tensor([FORMAT, payload.numel()], dtype=torch.int64)
+    dist.broadcast(header, src=source, group=group)
+    dist.broadcast(payload, src=source, group=group)
+    for tensor in tensors:
+        dist.broadcast(tensor, src=source, group=group)
+    logger.info(
+        "sent %d tensors (%.1f MB) of step %d to the repaired ranks",
+        len(tensors),
+        sum(t.numel() * t.element_size() for t in tensors) / 1e6,
+        committed,
+    )
+
+
+def _check_model(
+    own: Mapping[str, torch.Tensor], entries: list[dict[str, Any]], table: list[dict[str, Any]]
+) -> None:
+    names = [str(e["name"]) for e in entries]
+    if sorted(names) != sorted(own):
+        missing = sorted(set(own) - set(names))
+        extra = sorted(set(names) - set(own))
+        raise ReplicaError(
+            f"the replica's model does not match this rank's: missing here {extra}, "
+            f"missing there {missing}"
+        )
+    for entry in entries:
+        spec = table[int(entry["tensor"])]
+        mine = own[str(entry["name"])]
+        if str(mine.dtype) != spec["dtype"] or list(mine.shape) != spec["shape"]:
+            raise ReplicaError(
+                f"model tensor {entry['name']} is {spec['dtype']} {spec['shape']} on the "
+                f"replica and {mine.dtype} {list(mine.shape)} on this rank"
+            )
+
+
+def _receive(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    source: int,
+    group: dist.ProcessGroup,
+) -> int:
+    header = torch.empty(2, dtype=torch.int64)
+    dist.broadcast(header, src=source, group=group)
+    if int(header[0]) != FORMAT:
+        raise ReplicaError(
+            f"the replica sends state format {int(header[0])}, this rank reads {FORMAT}"
+        )
+    payload = torch.empty(int(header[1]), dtype=torch.uint8)
+    dist.broadcast(payload, src=source, group=group)
+    description = json.loads(payload.numpy().tobytes().decode())
+    table: list[dict[str, Any]] = description["tensors"]
+    own = _module(model).state_dict()
+    _check_model(own, description["model"], table)
+    own_groups = optimizer.state_dict()["param_groups"]
+    sent_groups = description["optimizer"]["param_groups"]
+    if [len(g["params"]) for g in own_groups] != [len(g["params"]) for g in sent_groups]:
+        raise ReplicaError(
+            "the replica's optimizer has parameter groups of sizes "
+            f"{[len(g['params']) for g in sent_groups]}, this rank's "
+            f"{[len(g['params']) for g in own_groups]}"
+        )
+    # Model tensors are received in place; optimizer tensors into fresh buffers.
+    targets: list[torch.Tensor | None] = [None] * len(table)
+    for entry in description["model"]:
+        tensor = own[str(entry["name"])]
+        if tensor.is_contiguous():
+            targets[int(entry["tensor"])] = tensor
+    tensors = []
+    for index, spec in enumerate(table):
+        target = targets[index]
+        if target is None:
+            target = torch.empty(spec["shape"], dtype=_dtype(str(spec["dtype"])))
+        dist.broadcast(target, src=source, group=group)
+        tensors.append(target)
+    with torch.no_grad():
+        for entry in description["model"]:
+            tensor = own[str(entry["name"])]
+            received = tensors[int(entry["tensor"])]
+            if received is not tensor:
+                tensor.copy_(received)
+    state = {
+        int(item["param"]): {k: _decode(v, tensors) for k, v in item["values"].items()}
+        for item in description["optimizer"]["state"]
+    }
+    groups = [{k: _decode(v, tensors) for k, v in g.items()} for g in sent_groups]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return int(description["committed"])

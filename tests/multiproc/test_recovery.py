@@ -1,0 +1,168 @@
+"""Recovery without restarting healthy processes, with real faults on real gloo groups.
+
+The test plays agent and manager: one store per generation, a mailbox and heartbeat file per
+process, replacements started with ``UNBROKEN_JOIN=1``, rejoin commands posted with
+:class:`MailboxWriter`. Every run that recovers must end bitwise equal to a fault-free run;
+every repair that cannot be trusted must fail loudly.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from recovery_ranks import Job, Rank, wait_for
+
+from unbroken.worker import Phase
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
+
+STEPS = 16
+KILL_AT = 9
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The final model digest of a fault-free run (plain torchrun-like, no agent)."""
+    job = Job(tmp_path_factory.mktemp("reference"), 3, ["--steps", str(STEPS)])
+    try:
+        job.start_all(managed=False)
+        job.expect_success()
+        digests = {job.result(rank)["digest"] for rank in range(3)}
+    finally:
+        job.close()
+    assert len(digests) == 1
+    return digests.pop()
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    started: list[Job] = []
+
+    def make(*args: str) -> Job:
+        job = Job(tmp_path, 3, ["--steps", str(STEPS), *args])
+        started.append(job)
+        return job
+
+    yield make
+    for job in started:
+        job.close()
+
+
+def stopped(ranks: list[Rank]) -> Callable[[], bool]:
+    def all_stopped() -> bool:
+        records = [r.heartbeat.read() for r in ranks]
+        return all(rec is not None and rec.phase is Phase.STOPPING for rec in records)
+
+    return all_stopped
+
+
+def test_survivors_rejoin_and_a_replacement_takes_the_lost_rank(
+    jobs: Callable[..., Job], reference: str
+) -> None:
+    job = jobs("--die-in-backward", f"2:{KILL_AT}")
+    first = job.start_all()
+    survivors = {r.rank: r.proc.pid for r in first[:2]}
+    lost = first[2]
+    assert lost.proc.wait(timeout=60) == -signal.SIGKILL, job.logs()
+
+    wait_for(stopped(first[:2]), "the survivors to stop and wait for a command")
+    for r in first[:2]:
+        record = r.record()
+        assert (record.failed_step, record.committed) == (KILL_AT, KILL_AT)
+        assert record.failed_at > 0
+    job.rejoin(source=0, step=KILL_AT, replace=[2])
+    job.expect_success()
+
+    results = {rank: job.result(rank) for rank in range(3)}
+    assert {rank: results[rank]["pid"] for rank in (0, 1)} == survivors
+    assert results[2]["pid"] == job.ranks[2].proc.pid != lost.proc.pid
+    assert {res["digest"] for res in results.values()} == {reference}
+    assert {res["steps"] for res in results.values()} == {STEPS}
+
+    # No committed step ran twice: the survivors redid only the interrupted step, the
+    # replacement started there.
+    for rank, pid in survivors.items():
+        assert job.steps_run(rank, pid) == [*range(KILL_AT + 1), *range(KILL_AT, STEPS)]
+    assert job.steps_run(2, lost.proc.pid) == list(range(KILL_AT + 1))
+    assert job.steps_run(2, results[2]["pid"]) == list(range(KILL_AT, STEPS))
+
+    for rank in (0, 1):
+        record = job.ranks[rank].record()
+        assert record.phase is Phase.DONE
+        assert (record.generation, record.recoveries, record.failed_step) == (1, 1, -1)
+        assert record.command_seq == 1
+        assert record.failed_at <= record.comm_ready_at <= record.state_loaded_at
+        assert record.state_loaded_at <= record.committed_at
+    joined = job.ranks[2].record()
+    assert (joined.generation, joined.start_step, joined.recoveries) == (1, KILL_AT, 1)
+    assert "repairing rank(s) 2 from rank 0 at step 9" in job.ranks[0].log()
+
+
+def test_a_failed_optimizer_update_is_repaired_from_a_rank_that_finished_it(
+    jobs: Callable[..., Job], reference: str
+) -> None:
+    job = jobs("--fail-update", f"1:{KILL_AT}")
+    ranks = job.start_all()
+    wait_for(stopped(ranks), "every rank to stop")
+    records = {r.rank: r.record() for r in ranks}
+    # Rank 1's update failed halfway: it left at once, so the others, which committed the
+    # step, failed in the next one instead of waiting for a timeout.
+    assert (records[1].failed_step, records[1].committed) == (KILL_AT, KILL_AT)
+    for rank in (0, 2):
+        assert (records[rank].failed_step, records[rank].committed) == (KILL_AT + 1, KILL_AT + 1)
+    job.rejoin(source=2, step=KILL_AT + 1)
+    job.expect_success()
+
+    results = {rank: job.result(rank) for rank in range(3)}
+    assert {res["digest"] for res in results.values()} == {reference}
+    assert {rank: res["pid"] for rank, res in results.items()} == {
+        r.rank: r.proc.pid for r in ranks
+    }
+    assert "the optimizer update of step 9 failed (injected: uncorrectable memory error" in (
+        ranks[1].log()
+    )
+    assert "repairing rank(s) 1 from rank 2 at step 10 (rank 1: 9 steps" in ranks[2].log()
+    assert "rank 1: recovered into generation 1 at step 10 (state from rank 2)" in ranks[1].log()
+    assert "rank 0: recovered into generation 1 at step 10 (own state kept)" in ranks[0].log()
+    steps = job.steps_run(1, ranks[1].proc.pid)
+    assert steps == [*range(KILL_AT + 1), *range(KILL_AT + 1, STEPS)]
+
+
+def test_a_suspect_rank_is_refused_as_replica_source(jobs: Callable[..., Job]) -> None:
+    job = jobs("--fail-update", f"1:{KILL_AT}")
+    ranks = job.start_all()
+    wait_for(stopped(ranks), "every rank to stop")
+    job.rejoin(source=1, step=KILL_AT)
+    assert set(job.wait().values()) == {1}, job.logs()
+    reason = (
+        f"rank 1 cannot be the replica source for resuming at step {KILL_AT}: it had an "
+        "optimizer update fail midway (its state is suspect)"
+    )
+    for r in ranks:
+        log = r.log()
+        assert "RecoveryFailed" in log and reason in log, log
+        assert r.record().phase is Phase.FAILED
+        assert max(job.steps_run(r.rank, r.proc.pid)) == KILL_AT + (r.rank != 1)
+
+
+def test_the_source_dying_mid_transfer_fails_the_repair(jobs: Callable[..., Job]) -> None:
+    job = jobs("--die-in-backward", f"2:{KILL_AT}", "--die-in-transfer")
+    first = job.start_all()
+    wait_for(stopped(first[:2]), "the survivors to stop")
+    job.rejoin(source=0, step=KILL_AT, replace=[2])
+    codes = job.wait()
+    assert codes[0] == -signal.SIGKILL, job.logs()
+    assert (codes[1], codes[2]) == (1, 1), job.logs()
+    replacement = job.ranks[2]
+    log = replacement.log()
+    assert (
+        f"rank 2: recovery into generation 1 (replica source rank 0, step {KILL_AT}) failed:"
+    ) in log, log
+    assert "Connection reset by peer" in log or "Connection closed by peer" in log, log
+    # It never trained on what it had received.
+    assert not (job.out / f"steps-rank2-pid{replacement.proc.pid}").exists()
+    assert replacement.record().phase is Phase.FAILED
+    assert "rank 1: recovery into generation 1" in first[1].log()
