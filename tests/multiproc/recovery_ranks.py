@@ -8,7 +8,9 @@ Run as a script, it is one rank of a small DDP job written against the public se
 ``--fail-update R:S``      rank R's optimizer update of step S changes a parameter and then
                            raises (a memory error in the middle of the update);
 ``--die-in-transfer``      a rank serving as replica source SIGKILLs itself after sending the
-                           first tensor of its state.
+                           first tensor of its state;
+``--per-parameter``        DDP without ``find_unused_parameters``: its buckets rebuild, so the
+                           gradients are all-reduced one parameter at a time.
 
 Injected faults fire only in a process that was not started as a replacement. Each rank
 appends every step it runs to ``<out>/steps-rank<R>-pid<PID>`` and writes
@@ -65,6 +67,11 @@ def main() -> None:
     p.add_argument("--fail-update", default=None)
     p.add_argument("--die-in-transfer", action="store_true")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument(
+        "--per-parameter",
+        action="store_true",
+        help="DDP with find_unused_parameters=False: buckets rebuild, gradients go one by one",
+    )
     p.add_argument("--comm-timeout", type=float, default=20.0)
     p.add_argument("--command-timeout", type=float, default=30.0)
     args = p.parse_args()
@@ -85,7 +92,7 @@ def main() -> None:
         nn.ReLU(),
         nn.Linear(D_HIDDEN, N_CLASSES),
     )
-    ddp = DistributedDataParallel(model, find_unused_parameters=False)
+    ddp = DistributedDataParallel(model, find_unused_parameters=not args.per_parameter)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.01)
     if fail_update is not None and fail_update[0] == rank:
         _inject_update_fault(opt, model, fail_update[1])

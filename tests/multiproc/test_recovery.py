@@ -23,10 +23,9 @@ STEPS = 16
 KILL_AT = 9
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+def fault_free_digest(root: Path, *args: str) -> str:
     """The final model digest of a fault-free run (plain torchrun-like, no agent)."""
-    job = Job(tmp_path_factory.mktemp("reference"), 3, ["--steps", str(STEPS)])
+    job = Job(root, 3, ["--steps", str(STEPS), *args])
     try:
         job.start_all(managed=False)
         job.expect_success()
@@ -35,6 +34,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
         job.close()
     assert len(digests) == 1
     return digests.pop()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return fault_free_digest(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="module")
+def reference_per_parameter(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return fault_free_digest(tmp_path_factory.mktemp("reference"), "--per-parameter")
 
 
 @pytest.fixture
@@ -59,10 +68,13 @@ def stopped(ranks: list[Rank]) -> Callable[[], bool]:
     return all_stopped
 
 
+@pytest.mark.parametrize("mode", ["fixed-buckets", "per-parameter"])
 def test_survivors_rejoin_and_a_replacement_takes_the_lost_rank(
-    jobs: Callable[..., Job], reference: str
+    jobs: Callable[..., Job], mode: str, request: pytest.FixtureRequest
 ) -> None:
-    job = jobs("--die-in-backward", f"2:{KILL_AT}")
+    per_parameter = mode == "per-parameter"
+    reference = request.getfixturevalue("reference_per_parameter" if per_parameter else "reference")
+    job = jobs("--die-in-backward", f"2:{KILL_AT}", *(["--per-parameter"] if per_parameter else []))
     first = job.start_all()
     survivors = {r.rank: r.proc.pid for r in first[:2]}
     lost = first[2]
