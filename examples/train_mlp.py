@@ -6,9 +6,11 @@ Runs unchanged under plain torchrun and under ``unbroken launch``::
         --steps 30 --ckpt-dir /tmp/mlp-ckpt --ckpt-every 10 --result /tmp/mlp.json
 
 Everything that decides the result is a function of ``--seed``: the initial weights, the batch
-of every (step, data-parallel rank), and each rank's RNG stream (dropout). Killed at any point
+of every (step, data-parallel rank), and each rank's RNG stream (dropout; ``ub.init(...,
+seed=...)`` seeds it from (seed, rank, step) at the start of every step). Killed at any point
 and restarted with the same arguments, the run resumes from its newest good checkpoint and ends
-with a model bitwise equal to an uninterrupted run's. DDP gets ``find_unused_parameters=True``
+with a model bitwise equal to an uninterrupted run's; so does a run whose healthy ranks
+recovered in process and redid the interrupted step. DDP gets ``find_unused_parameters=True``
 for that: it keeps the gradient bucket layout fixed, where the default rebuilds the buckets
 after the first iteration of every process and so sums gradients in a different order in the
 first step after a restart.
@@ -72,12 +74,11 @@ def main() -> None:
     rank = dist.get_rank()
 
     model = make_model(args.seed)
-    torch.manual_seed(args.seed + 1 + rank)  # each rank's own stream, e.g. for dropout
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
-    session = ub.init(ddp, opt, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every)
+    session = ub.init(ddp, opt, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, seed=args.seed)
     for step in session.steps(args.steps):
         x, y = batch(args.seed, step, rank)
         opt.zero_grad(set_to_none=True)
