@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--fail-update", default=None)
     p.add_argument("--die-in-transfer", action="store_true")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--ckpt-dir", default=None)
+    p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument(
         "--per-parameter",
         action="store_true",
@@ -103,6 +105,8 @@ def main() -> None:
         ddp,
         opt,
         seed=args.seed,
+        ckpt_dir=args.ckpt_dir,
+        ckpt_every=args.ckpt_every,
         comm_timeout_s=args.comm_timeout,
         command_timeout_s=args.command_timeout,
     )

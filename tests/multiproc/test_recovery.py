@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from recovery_ranks import Job, Rank, wait_for
 
+from unbroken.checkpoint import find_latest_good, step_dir, verify
 from unbroken.worker import Phase
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
@@ -178,3 +179,69 @@ def test_the_source_dying_mid_transfer_fails_the_repair(jobs: Callable[..., Job]
     assert not (job.out / f"steps-rank2-pid{replacement.proc.pid}").exists()
     assert replacement.record().phase is Phase.FAILED
     assert "rank 1: recovery into generation 1" in first[1].log()
+
+
+def manager_decision(ranks: list[Rank]) -> tuple[int, int]:
+    """What the manager decides from the heartbeats: the source is a rank with the most
+    committed steps, and the job resumes at that step."""
+    records = {r.rank: r.record() for r in ranks}
+    step = max(rec.committed for rec in records.values())
+    source = min(rank for rank, rec in records.items() if rec.committed == step)
+    return source, step
+
+
+def test_a_paused_job_rejoins_with_every_process_kept(
+    jobs: Callable[..., Job], reference: str
+) -> None:
+    job = jobs("--step-sleep", "0.05")
+    ranks = job.start_all()
+    wait_for(lambda: (r := ranks[0].heartbeat.read()) is not None and r.committed >= 4, "step 4")
+    for r in ranks:
+        r.mailbox.post({"op": "pause"})
+    wait_for(stopped(ranks), "every rank to stop")
+    wait_for(lambda: all(r.record().command_seq == 1 for r in ranks), "every rank to see it")
+    source, step = manager_decision(ranks)
+    for r in ranks:
+        record = r.record()
+        assert record.committed == step, "a pause never splits the committed step"
+        assert record.failed_step == step
+    job.rejoin(source=source, step=step)
+    job.expect_success()
+
+    assert {job.result(r)["digest"] for r in range(3)} == {reference}
+    for r in ranks:
+        assert job.result(r.rank)["pid"] == r.proc.pid
+        run = job.steps_run(r.rank, r.proc.pid)
+        assert sorted(set(run)) == list(range(STEPS))
+        assert len(run) - STEPS <= 1  # at most the step a departing peer interrupted
+        assert r.record().command_seq == 2
+
+
+def test_a_hung_rank_killed_by_the_manager_unblocks_the_others(
+    jobs: Callable[..., Job], reference: str
+) -> None:
+    job = jobs("--step-sleep", "0.05", "--ckpt-dir", "ckpt", "--ckpt-every", "4")
+    ranks = job.start_all()
+    wait_for(lambda: (r := ranks[2].heartbeat.read()) is not None and r.committed >= 5, "step 5")
+    hung = ranks[2]
+    hung.proc.send_signal(signal.SIGSTOP)
+    # The others block in the next step's all-reduce; their heartbeats keep ticking.
+    blocked = {r.rank: r.record().tick for r in ranks[:2]}
+    wait_for(
+        lambda: all(r.record().tick > blocked[r.rank] + 3 for r in ranks[:2]),
+        "the blocked ranks to keep ticking",
+    )
+    assert all(r.record().phase is Phase.TRAINING for r in ranks[:2])
+    hung.proc.send_signal(signal.SIGKILL)
+    assert hung.proc.wait(timeout=30) == -signal.SIGKILL
+    wait_for(stopped(ranks[:2]), "the survivors to stop")
+    for r in ranks[:2]:
+        assert "Timed out" not in r.log(), "the kill, not the timeout, ended the collective"
+    source, step = manager_decision(ranks[:2])
+    job.rejoin(source=source, step=step, replace=[2])
+    job.expect_success()
+    assert {job.result(r)["digest"] for r in range(3)} == {reference}
+    assert [job.result(r)["pid"] for r in (0, 1)] == [r.proc.pid for r in ranks[:2]]
+    # Checkpoints after the recovery are written by the new group, replacement included.
+    assert find_latest_good(job.root / "ckpt") == (12, step_dir(job.root / "ckpt", 12))
+    assert verify(step_dir(job.root / "ckpt", 12)).world_size == 3

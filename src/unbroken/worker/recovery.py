@@ -36,11 +36,18 @@ collectives the survivors replay in step 3, and ``unbroken.worker.init`` waits f
 ``rejoin`` command in its mailbox (the source and the step come from there, not from the
 environment) and runs step 4 instead of loading a checkpoint.
 
+Without a mailbox (plain ``torchrun``) a failed step raises :class:`RecoveryFailed` at the
+step boundary: there is no one to send the command.
+
 Limits: the script must not run other collectives between ``init_process_group`` and
 ``unbroken.worker.init``, nor inside a step outside DDP's backward (those would fail as
-exceptions of their own); DDP must be built with ``find_unused_parameters=False`` and, for a
-model with buffers, ``broadcast_buffers=False``; LR schedulers and other state outside the
-model and optimizer are not repaired.
+exceptions of their own); DDP's constructor must run its default initial synchronisation
+(``init_sync=True``), and a model with buffers needs ``broadcast_buffers=False``; every rank must
+use the same parameters in a step (see :mod:`unbroken.worker.commhook`); LR schedulers and other
+state outside the model and optimizer are not repaired; a rank's random generators are
+reproduced on a replacement only with ``seed=`` given to ``unbroken.worker.init``. A peer that
+hangs (SIGSTOP) blocks the others' collective until the group's timeout or until it is killed;
+the manager kills a hung rank, which makes the others fail at once.
 """
 
 from __future__ import annotations
@@ -270,6 +277,7 @@ class Recovery:
             phase=Phase.STOPPING,
             failed_step=step,
             failed_at=failure.at if failure is not None else time.time(),
+            **({"command_seq": self._command.seq} if self._command is not None else {}),
         )
         command = self._command if isinstance(self._command, Rejoin) else None
         self._command = None
@@ -282,7 +290,6 @@ class Recovery:
     def join(self, should_stop: Callable[[], bool]) -> int | None:
         """A replacement process: wait for the rejoin command and take the source's state."""
         rank = dist.get_rank()
-        self._heartbeat(phase=Phase.STOPPING)
         command = self._wait_for_rejoin("started as a replacement", should_stop)
         if command is None:
             return None
