@@ -23,6 +23,7 @@ from unbroken.worker.stop import STOP_EXIT_CODE
 
 if TYPE_CHECKING:
     from unbroken.worker.digest import state_digest
+    from unbroken.worker.recovery import RecoveryFailed
     from unbroken.worker.session import Session, TrainingStopped, init
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "HeartbeatRecord",
     "HeartbeatWriter",
     "Phase",
+    "RecoveryFailed",
     "Session",
     "TrainingStopped",
     "init",
@@ -43,6 +45,7 @@ _LAZY = {
     "Session": "unbroken.worker.session",
     "TrainingStopped": "unbroken.worker.session",
     "state_digest": "unbroken.worker.digest",
+    "RecoveryFailed": "unbroken.worker.recovery",
 }
 
 

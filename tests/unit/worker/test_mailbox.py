@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,14 @@ def test_an_unchanged_file_is_not_read_again(
     for _ in range(100):
         assert reader.poll() is None
     assert reads == []
+
+
+def test_the_agent_side_imports_no_torch() -> None:
+    code = (
+        "import sys, unbroken.worker.mailbox\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
