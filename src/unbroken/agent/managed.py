@@ -49,7 +49,7 @@ class AgentSettings:
     control: str
     secret: str
     run_dir: Path
-    heartbeat_interval_s: float = 0.25
+    heartbeat_interval_s: float = 0.1
     hang_floor_s: float = 3.0
     hang_factor: float = 10.0
     control_timeout_s: float = 10.0
@@ -218,6 +218,7 @@ class ManagedAgent:
             self._start_rank(rank - self.args.global_rank(0), self.generation, join=True)
         for rank, proc in self.ranks.items():
             if rank not in replace and proc.alive:
+                proc.generation = self.generation  # the same process, now in the new generation
                 self._post_rejoin(rank, cmd)
         for rank in replace:
             self._post_rejoin(rank, cmd)
@@ -385,6 +386,10 @@ class ManagedAgent:
                 if cmd.get("master_port"):
                     self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
                 self._start_ranks(int(cmd["generation"]))
+            elif op == "pause":
+                for rank, proc in self.ranks.items():
+                    if proc.alive and rank in self._mailboxes:
+                        self._mailboxes[rank].post({"op": "pause"})
             elif op == "rejoin":
                 self._rejoin(cmd, tuple(int(r) for r in cmd.get("replace", ())))
             elif op == "stop":

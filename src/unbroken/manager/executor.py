@@ -19,7 +19,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unbroken.devices import DeviceFaulted, DeviceRecovered
@@ -60,11 +61,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class PendingRejoin:
+    """A rejoin waiting for every healthy rank to stop (see :meth:`Executor.poll_rejoin`)."""
+
+    replace: dict[str, tuple[int, ...]]
+    lost: set[int]
+    skip_pods: tuple[str, ...]
+    deadline_at: float
+    then: Callable[[int, tuple[int, int]], None] | None = None
+
+
 class Executor:
     def __init__(self, manager: JobManager) -> None:
         self.m = manager
         self._queue: list[PolicyEvent] = []
         self._deciding = False
+        self.pending_rejoin: PendingRejoin | None = None
 
     # ---- the policy -------------------------------------------------------------------
     def policy(self, event: PolicyEvent, now: float) -> None:
@@ -180,11 +193,10 @@ class Executor:
         suspect: tuple[int, ...] = (),
         skip_pods: tuple[str, ...] = (),
     ) -> None:
-        lost = {r for ranks in replace.values() for r in ranks} | set(suspect)
-        source = self._source(lost)
-        if source is None:
-            self._queue.append(RecoveryFailed(reason="no healthy replica is left", at=now))
-            return
+        """Process-level recovery, first half: every healthy rank stops at a step boundary
+        (``pause``; ranks whose collective already failed are stopped anyway). The second half,
+        :meth:`poll_rejoin`, sends the rejoin once they all report ``stopping``, so the replica
+        source and its step are known exactly rather than from a heartbeat of a moment ago."""
         dead = [
             p.pod
             for p in self.m.pods.values()
@@ -195,9 +207,37 @@ class Executor:
                 RecoveryFailed(reason=f"pod(s) {', '.join(dead)} have no running agent", at=now)
             )
             return
-        gen = self._next_generation()
+        lost = {r for ranks in replace.values() for r in ranks} | set(suspect)
         for p in self.m.pods.values():
-            if p.pod in skip_pods:
+            if p.pod not in skip_pods:
+                self.m.commands.send(p.pod, p.pid, {"op": "pause"})
+        self.pending_rejoin = PendingRejoin(
+            replace=dict(replace), lost=lost, skip_pods=skip_pods, deadline_at=now + 10.0
+        )
+
+    def poll_rejoin(self, now: float) -> None:
+        pr = self.pending_rejoin
+        if pr is None:
+            return
+        views = [
+            v
+            for r, v in self.m.ranks.items()
+            if r not in pr.lost and v.alive and self.m.job.pod_of_rank(r) not in pr.skip_pods
+        ]
+        stopped = bool(views) and all(v.phase == "stopping" for v in views)
+        if not stopped and now < pr.deadline_at:
+            return
+        self.pending_rejoin = None
+        source = self._source(pr.lost)
+        if source is None:
+            self.policy(RecoveryFailed(reason="no healthy replica is left", at=now), now)
+            return
+        if not stopped:
+            self.m.console.line("not every healthy rank stopped in time; rejoining anyway")
+        gen = self._next_generation()
+        self.m.replica_step[gen] = source[1]
+        for p in self.m.pods.values():
+            if p.pod in pr.skip_pods:
                 continue
             p.generation = gen
             self.m.commands.send(
@@ -209,22 +249,19 @@ class Executor:
                     "master_port": self.m.master_port,
                     "source": source[0],
                     "step": source[1],
-                    "replace": list(replace.get(p.pod, ())),
+                    "replace": list(pr.replace.get(p.pod, ())),
                 },
             )
-        what = ", ".join(f"ranks {list(r)} of {p}" for p, r in replace.items())
+        what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
         self.m.console.line(
             f"generation {gen}: healthy processes rejoin in place"
             + (f"; new processes for {what}" if what else "")
             + f"; state from rank {source[0]} (step {source[1]})"
         )
+        if pr.then is not None:
+            pr.then(gen, source)
 
     def _recover_on_spare(self, pod: str, now: float) -> None:
-        lost = set(self.m.job.ranks_of(pod))
-        source = self._source(lost)
-        if source is None:
-            self._queue.append(RecoveryFailed(reason="no healthy replica is left", at=now))
-            return
         self._stop((pod,), None)
         result = place(self.m.cluster, [Pod(name=pod, devices_needed=self.m.job.nproc_per_node)])
         if isinstance(result, Unschedulable):
@@ -232,17 +269,21 @@ class Executor:
             self._queue.append(PodUnschedulable(pod=pod, at=now))
             return
         self.m.cluster = self.m.cluster.bind(result.bindings)
-        self._rejoin(replace={}, now=now, suspect=tuple(lost), skip_pods=())
-        gen = self.m.generation
-        for b in result.bindings:
-            self.m.ledger.record(
-                PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
-            )
-            self.m.console.line(f"replacement pod {b.pod} placed on {b.node}")
-            self._start_agent(b.pod, b.node, b.devices, gen)
-            self.m.pods[b.pod].join = {"source": source[0], "step": source[1]}
-        if self.m.incident is not None:
-            self.m.incident.awaiting_replacement = pod
+
+        def start_replacement(gen: int, source: tuple[int, int]) -> None:
+            for b in result.bindings:
+                self.m.ledger.record(
+                    PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
+                )
+                self.m.console.line(f"replacement pod {b.pod} placed on {b.node}")
+                self._start_agent(b.pod, b.node, b.devices, gen)
+                self.m.pods[b.pod].join = {"source": source[0], "step": source[1]}
+            if self.m.incident is not None:
+                self.m.incident.awaiting_replacement = pod
+
+        self._rejoin(replace={}, now=now, suspect=self.m.job.ranks_of(pod))
+        if self.pending_rejoin is not None:
+            self.pending_rejoin.then = start_replacement
 
     # ---- isolation --------------------------------------------------------------------
     def _isolate_all(self, devs: tuple[DeviceRef, ...], nodes: tuple[str, ...]) -> None:

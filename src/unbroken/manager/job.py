@@ -165,6 +165,7 @@ class JobManager:
         self.control_file = run_dir / "control.json"
         self.next_status_at = 0.0
         self.master_port = 0
+        self.replica_step: dict[int, int] = {}  # generation -> step repaired from a replica
         # imported late: the executor needs the manager's attributes above
         from unbroken.manager.executor import Executor
 
@@ -448,6 +449,7 @@ class JobManager:
         self._check_agents(now)
         self._settle(now)
         self._phases(now)
+        self.executor.poll_rejoin(now)
         self._chaos(now)
         if self.outcome is None:
             self.executor.policy(PolicyTick(now=now), now)
@@ -537,16 +539,18 @@ class JobManager:
 
         Unbroken assumes data parallelism: every rank holds a full replica of the model and
         optimizer (DDP). A replica of the lost state exists when a rank outside the fault is
-        alive and its worker can recover in process; ranks are outside the optimizer update
-        (or in a split the repair fixes) when the healthy ranks' committed steps differ by at
-        most one: the replica source is then the most advanced one.
+        alive and every worker can recover in process (its heartbeat says so). Such workers
+        never apply half a step: a failed collective skips the optimizer update, an update
+        that raised marks the rank suspect, and the repair takes the most advanced replica and
+        checks that every rank agrees (step and state digest) before training resumes; so
+        "outside the optimizer update" holds whenever in-process recovery does.
         """
         rank0_pod = self.job.pod_of_rank(0)
         healthy = self.executor.healthy_ranks(fault)
-        committed = {self.ranks[r].committed for r in healthy}
+        in_process = bool(healthy) and self.executor.in_process_recovery()
         return Feasibility(
-            replica_for_lost_state=bool(healthy) and self.executor.in_process_recovery(),
-            outside_update=bool(committed) and max(committed) - min(committed) <= 1,
+            replica_for_lost_state=in_process,
+            outside_update=in_process,
             spare_node_free=self.executor.spare_node_free(),
             fault_age_s=max(0.0, now - fault.at),
             rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,
@@ -567,8 +571,11 @@ class JobManager:
             )
         if ph.state_loaded_at and self.phases_done.get("state") != gen:
             self.phases_done["state"] = gen
-            start = ph.start_step if ph.start_step is not None else 0
-            source = StateSource.CHECKPOINT if start > 0 else StateSource.INITIAL
+            if gen in self.replica_step:  # in-process recovery: state from a replica
+                start, source = self.replica_step[gen], StateSource.REPLICA
+            else:
+                start = ph.start_step if ph.start_step is not None else 0
+                source = StateSource.CHECKPOINT if start > 0 else StateSource.INITIAL
             self.ledger.record(
                 StateLoaded(generation=gen, step=start, source=source), at=ph.state_loaded_at
             )
@@ -576,7 +583,8 @@ class JobManager:
                 self.console.line(f"generation {gen}: state loaded at step {start} ({source})")
         if ph.first_commit_at and self.phases_done.get("first") != gen:
             self.phases_done["first"] = gen
-            first = (ph.start_step or 0) + 1
+            resumed = self.replica_step.get(gen, ph.start_step or 0)
+            first = resumed + 1
             self.ledger.record(
                 FirstStepCommitted(generation=gen, step=first), at=ph.first_commit_at
             )
@@ -595,7 +603,7 @@ class JobManager:
                     ),
                     at=ph.first_commit_at,
                 )
-                lost = max(0, inc.step_at_fault - (ph.start_step or 0))
+                lost = max(0, inc.step_at_fault - resumed)
                 self.console.line(
                     f"recovered from {inc.fault_id} by {inc.strategy}: MTTR {mttr:.2f} s, "
                     f"{lost} steps recomputed, generation {gen}"

@@ -98,6 +98,7 @@ class HeartbeatRecord:
     failed_at: float = 0.0  # when it failed
     recoveries: int = 0  # in-process recoveries completed by this process
     command_seq: int = 0  # the last mailbox command this process acted on
+    recoverable: int = 0  # 1: this rank can regroup and be repaired in process (has a mailbox)
 
 
 # Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.

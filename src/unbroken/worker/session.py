@@ -239,6 +239,10 @@ class Session:
         if step is None:
             self._leave()
         self._committed = step
+        # The first commit after a recovery is a phase of that recovery (its MTTR ends there).
+        self._first_commit = True
+        if self.heartbeat is not None:
+            self.heartbeat.update(first_commit_at=0.0)
 
     def _commit(self, step: int) -> None:
         elapsed_s = time.monotonic() - self._step_began
@@ -461,6 +465,8 @@ def init(
             generation=env.generation,
             checkpointer=session.checkpointer,
         )
+        if heartbeat is not None and session._recovery is not None:
+            heartbeat.update(recoverable=int(session._recovery.settings.mailbox is not None))
     except BaseException:
         session._fail()
         raise
