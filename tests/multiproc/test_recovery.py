@@ -245,3 +245,34 @@ def test_a_hung_rank_killed_by_the_manager_unblocks_the_others(
     # Checkpoints after the recovery are written by the new group, replacement included.
     assert find_latest_good(job.root / "ckpt") == (12, step_dir(job.root / "ckpt", 12))
     assert verify(step_dir(job.root / "ckpt", 12)).world_size == 3
+
+
+def test_without_a_command_the_survivors_give_up_with_a_clear_reason(
+    jobs: Callable[..., Job],
+) -> None:
+    job = jobs("--die-in-backward", f"2:{KILL_AT}", "--command-timeout", "2")
+    ranks = job.start_all()
+    codes = job.wait()
+    assert codes == {0: 1, 1: 1, 2: -signal.SIGKILL}, job.logs()
+    for r in ranks[:2]:
+        log = r.log()
+        assert f"rank {r.rank}: step {KILL_AT} failed (RuntimeError: " in log, log
+        assert f"no rejoin command arrived in {job.root}/mb/rank{r.rank}-g0 within 2 s" in log
+        record = r.record()
+        assert (record.phase, record.failed_step, record.recoveries) == (Phase.FAILED, KILL_AT, 0)
+
+
+def test_a_rank_without_an_agent_fails_the_step_loudly(jobs: Callable[..., Job]) -> None:
+    job = jobs("--die-in-backward", f"2:{KILL_AT}")
+    job.start_all(managed=False)
+    codes = job.wait()
+    assert codes == {0: 1, 1: 1, 2: -signal.SIGKILL}, job.logs()
+    for rank in (0, 1):
+        log = job.ranks[rank].log()
+        assert "RecoveryFailed" in log, log
+        assert (
+            f"rank {rank}: step {KILL_AT} failed (RuntimeError: " in log
+            and "this process has no recovery command channel (UNBROKEN_MAILBOX is not set: "
+            "it was not launched by an Unbroken agent)"
+            in log
+        ), log

@@ -266,13 +266,13 @@ class Recovery:
         else:
             assert self._command is not None
             what = f"{self._command.op} command {self._command.seq} at step boundary {step}"
+        logger.warning("rank %d: %s; leaving the process group", rank, what)
+        self._leave()  # at once, even to fail: peers blocked with this rank then fail too
         if self._reader is None:
             raise RecoveryFailed(
                 f"rank {rank}: {what}, and this process has no recovery command channel "
                 f"({MAILBOX} is not set: it was not launched by an Unbroken agent)"
             )
-        logger.warning("rank %d: %s; leaving the process group", rank, what)
-        self._leave()
         self._heartbeat(
             phase=Phase.STOPPING,
             failed_step=step,
