@@ -37,7 +37,7 @@ from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.ranks import RankExit, RankProcess, rank_argv, start_standby
 from unbroken.rpc import ControlClient, RpcError
-from unbroken.worker.heartbeat import HeartbeatReader, Phase
+from unbroken.worker.heartbeat import HeartbeatReader, HeartbeatRecord, Phase, StepFailure
 from unbroken.worker.mailbox import MailboxWriter
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class ManagedAgent:
         self._readers: dict[int, HeartbeatReader] = {}
         self._mailboxes: dict[int, MailboxWriter] = {}
         self._failed_seen: dict[int, float] = {}
+        self._failures_reported: set[tuple[int, float]] = set()
         self._ended_after_failure: set[int] = set()
         self.pod_dir = settings.run_dir / "pods" / settings.pod
         self.use_standby = settings.standby and not args.no_python
@@ -400,6 +401,31 @@ class ManagedAgent:
             else:
                 log.error("unknown command from the manager: %r", cmd)
 
+    def _report_step_failure(self, rank: int, proc: RankProcess, snap: HeartbeatRecord) -> None:
+        """A rank that survived a failed step of its own (not a peer's collective failure):
+        its state is suspect (the update raised) or corrupt (device memory error)."""
+        if snap.failure not in (StepFailure.UPDATE, StepFailure.DEVICE_MEMORY):
+            return
+        key = (rank, snap.failed_at)
+        if key in self._failures_reported:
+            return
+        self._failures_reported.add(key)
+        local = rank - self.args.global_rank(0)
+        devices = [int(d) for d in os.environ.get("UNBROKEN_DEVICES", "").split(",") if d]
+        self._call(
+            "AgentReport",
+            {
+                "event": "rank-failed",
+                "rank": rank,
+                "pid": proc.pid,
+                "failure": StepFailure(snap.failure).name.lower().replace("_", "-"),
+                "failed_step": snap.failed_step,
+                "failed_at": snap.failed_at,
+                "device": devices[local] if local < len(devices) else None,
+                "traceback": proc.traceback()[-4000:],
+            },
+        )
+
     def _end_failed(self, proc: RankProcess, now: float) -> None:
         """A rank whose training loop raised can take seconds to exit (thread joins, group
         teardown). Once its traceback is in the log, or after 5 s, the agent ends it so the
@@ -418,6 +444,8 @@ class ManagedAgent:
             if snap is not None and snap.pid == proc.pid and snap.phase is Phase.FAILED:
                 self._end_failed(proc, now)
                 continue
+            if snap is not None and snap.pid == proc.pid and snap.phase is Phase.STOPPING:
+                self._report_step_failure(rank, proc, snap)
             if snap is None or snap.pid != proc.pid or snap.phase is Phase.DONE:
                 continue  # finished ranks wait for their peers at exit without ticking
             timeout_s = max(self.s.hang_floor_s, self.s.hang_factor * snap.step_time_s)

@@ -5,6 +5,7 @@ faults:
   - {kind: kill, rank: 3, at_step: 110}         # SIGKILL rank 3 right after it commits step 110
   - {kind: exception, rank: 1, at_step: 40}     # a Python exception inside rank 1's step 40
   - {kind: hang, rank: 2, after_s: 12}          # SIGSTOP rank 2, 12 s after the job started
+  - {kind: memory, rank: 0, at_step: 70}        # a device memory error corrupts rank 0's state
   - {kind: node, node: node-1, at_step: 60}     # every process of node-1 dies at once
   - {kind: device, node: node-0, device: 1, code: "80E01801", after_s: 5}
 ```
@@ -30,6 +31,7 @@ class InjectKind(StrEnum):
     KILL = "kill"  # SIGKILL a rank
     EXCEPTION = "exception"  # a Python exception raised in the rank's main thread
     HANG = "hang"  # SIGSTOP a rank
+    MEMORY = "memory"  # an uncorrectable device memory error in a rank (state corrupt)
     NODE = "node"  # SIGKILL every process of a node (agents and ranks)
     DEVICE = "device"  # a device health code through the sim provider
 
@@ -59,7 +61,7 @@ class ChaosFault:
         return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
 
 
-_RANK_KINDS = (InjectKind.KILL, InjectKind.EXCEPTION, InjectKind.HANG)
+_RANK_KINDS = (InjectKind.KILL, InjectKind.EXCEPTION, InjectKind.HANG, InjectKind.MEMORY)
 _FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s"}
 
 

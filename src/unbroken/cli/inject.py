@@ -1,7 +1,8 @@
 """``unbroken inject KIND``: a real fault into a running job, through its control plane.
 
 Kinds: ``kill`` (SIGKILL a rank or every rank of a pod), ``exception`` (a Python exception
-raised in the rank), ``hang`` (SIGSTOP), ``node`` (every process of a node dies at once),
+raised in the rank), ``hang`` (SIGSTOP), ``memory`` (a device memory error corrupts the rank's
+state in its next step), ``node`` (every process of a node dies at once),
 ``device`` (a device fault code through the ``sim`` health provider).
 """
 

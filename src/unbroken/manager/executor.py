@@ -374,6 +374,7 @@ class Executor:
     # ---- pods -------------------------------------------------------------------------
     def _next_generation(self) -> int:
         self.m.generation += 1
+        self.m.generation_began[self.m.generation] = time.time()
         self.m.ranks = {}
         self.m.open_store()
         if self.m.incident is not None:

@@ -73,6 +73,7 @@ from unbroken.policy import RecoveryCompleted as PolicyRecovered
 from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
 from unbroken.scheduler import Cluster
+from unbroken.worker.chaos import MEMORY_ERROR_CODE
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ class JobManager:
         self.next_status_at = 0.0
         self.master_port = 0
         self.replica_step: dict[int, int] = {}  # generation -> step repaired from a replica
+        self.generation_began: dict[int, float] = {}
         # imported late: the executor needs the manager's attributes above
         from unbroken.manager.executor import Executor
 
@@ -392,6 +394,8 @@ class JobManager:
                 )
         elif event == "rank-exited":
             self._rank_exited(pod, body)
+        elif event == "rank-failed":
+            self._rank_failed(pod, body)
         elif event == "rank-hung":
             fault = Fault(
                 kind=FaultKind.HANG,
@@ -405,6 +409,28 @@ class JobManager:
                 f"{float(body['silent_s']):.2f} s (timeout {float(body['timeout_s']):.2f} s)",
             )
             self.pending.append(PendingFault(fault, time.time(), echo=False))
+
+    def _rank_failed(self, pod: PodProcess, body: dict[str, Any]) -> None:
+        """A live rank failed a step of its own: a device memory error (its state is corrupt:
+        retryable, repaired from a replica) or an exception in its optimizer update."""
+        rank = int(body["rank"])
+        memory = body["failure"] == "device-memory"
+        kind = FaultKind.DEVICE_MEMORY if memory else FaultKind.EXCEPTION
+        code = MEMORY_ERROR_CODE if memory else "update-failed"
+        device = body.get("device")
+        fault = Fault(
+            kind=kind,
+            level=self.codes.level_for(kind, code),
+            code=code,
+            at=float(body["failed_at"]),
+            node=pod.node,
+            pod=pod.pod,
+            ranks=(rank,),
+            device=None if device is None else int(device),
+            detail=f"rank {rank} (pid {body['pid']}) failed step {body['failed_step']}: "
+            + ("device memory error" if memory else "its optimizer update raised"),
+        )
+        self.pending.append(PendingFault(fault, time.time(), echo=False))
 
     def _rank_exited(self, pod: PodProcess, body: dict[str, Any]) -> None:
         rank = int(body["rank"])
@@ -562,7 +588,9 @@ class JobManager:
         gen = self.generation
         if len(self.ranks) < self.job.world_size:
             return
-        ph = generation_phases(self.ranks.values(), self.job.world_size)
+        ph = generation_phases(
+            self.ranks.values(), self.job.world_size, self.generation_began.get(gen, 0.0)
+        )
         if ph.comm_ready_at and self.phases_done.get("comm") != gen:
             self.phases_done["comm"] = gen
             self.ledger.record(
@@ -725,11 +753,12 @@ class JobManager:
         ``clear`` (device only): the device reports healthy again, so it returns to the pool
         when ``autoStowing`` is on."""
         at = time.time()
-        if kind in (InjectKind.KILL, InjectKind.HANG, InjectKind.EXCEPTION):
+        if kind in (InjectKind.KILL, InjectKind.HANG, InjectKind.EXCEPTION, InjectKind.MEMORY):
             sig = {
                 InjectKind.KILL: signal.SIGKILL,
                 InjectKind.HANG: signal.SIGSTOP,
                 InjectKind.EXCEPTION: signal.SIGUSR1,
+                InjectKind.MEMORY: signal.SIGUSR2,
             }[kind]
             targets = self._rank_targets(rank, pod)
             for _r, pid in targets:

@@ -59,14 +59,18 @@ class GenerationPhases:
     first_commit_at: float | None
 
 
-def generation_phases(ranks: Iterable[RankView], world_size: int) -> GenerationPhases:
+def generation_phases(
+    ranks: Iterable[RankView], world_size: int, since: float = 0.0
+) -> GenerationPhases:
+    """``since``: when the generation began; a stamp older than that belongs to an earlier
+    generation of a process that lives on (in-process recovery) and does not count."""
     views = list(ranks)
     if len(views) < world_size:
         return GenerationPhases(None, None, None, None)
 
     def all_at(attr: str) -> float | None:
         stamps = [getattr(v, attr) for v in views]
-        return max(stamps) if all(s > 0 for s in stamps) else None
+        return max(stamps) if all(s > since for s in stamps) else None
 
     starts = {v.start_step for v in views}
     start = next(iter(starts)) if len(starts) == 1 and -1 not in starts else None

@@ -3,12 +3,16 @@
 The job manager hands each rank its entries in ``UNBROKEN_CHAOS`` (JSON) and a directory in
 ``UNBROKEN_CHAOS_DIR``. Before the rank starts step index ``at_step`` (that is, right after it
 committed ``at_step`` steps) the entry fires: ``kill`` sends SIGKILL to the process itself,
-``hang`` SIGSTOP, ``exception`` raises :class:`InjectedFault` from the training loop. Each entry
+``hang`` SIGSTOP, ``exception`` raises :class:`InjectedFault` from the training loop, and
+``memory`` simulates an uncorrectable device memory error (the seed's HBM UCE): a parameter of
+this rank is corrupted and the step fails with :class:`DeviceMemoryError` before the rank
+shares a gradient, so its state must be repaired from a replica. Each entry
 fires at most once per run, whatever the number of restarts that replay the step: the first
 rank to fire creates ``fired-<index>`` in the chaos directory with O_EXCL.
 
 In a managed rank, SIGUSR1 raises :class:`InjectedFault` in the main thread too, so
-``unbroken inject exception`` produces a real Python exception with its traceback.
+``unbroken inject exception`` produces a real Python exception with its traceback, and SIGUSR2
+arms a device memory error for the next step (``unbroken inject memory``).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+
+import torch
 
 CHAOS = "UNBROKEN_CHAOS"
 CHAOS_DIR = "UNBROKEN_CHAOS_DIR"
@@ -27,6 +33,14 @@ CHAOS_DIR = "UNBROKEN_CHAOS_DIR"
 
 class InjectedFault(RuntimeError):
     """A fault injected on purpose (``unbroken inject exception`` or a chaos entry)."""
+
+
+class DeviceMemoryError(RuntimeError):
+    """An uncorrectable device memory error surfaced by an operation (simulated)."""
+
+
+#: The device fault code of an uncorrectable memory error (see unbroken/faults/codes.yaml).
+MEMORY_ERROR_CODE = "80E01801"
 
 
 @dataclass(frozen=True)
@@ -37,27 +51,41 @@ class _Entry:
 
 
 class RankChaos:
-    def __init__(self, rank: int, entries: tuple[_Entry, ...], fired_dir: Path) -> None:
+    def __init__(self, rank: int, entries: tuple[_Entry, ...], fired_dir: Path | None) -> None:
         self.rank = rank
         self.entries = {e.at_step: e for e in entries}
         self.fired_dir = fired_dir
+        self.memory_armed = False  # SIGUSR2: a memory error in the next step
 
     @staticmethod
     def from_env(rank: int, env: Mapping[str, str]) -> RankChaos | None:
         text, where = env.get(CHAOS), env.get(CHAOS_DIR)
-        if not text or not where:
-            return None
-        entries = tuple(
-            _Entry(int(e["index"]), str(e["kind"]), int(e["at_step"]))
-            for e in json.loads(text)
-            if e.get("rank") == rank and e.get("at_step") is not None
-        )
-        return RankChaos(rank, entries, Path(where)) if entries else None
+        entries: tuple[_Entry, ...] = ()
+        if text and where:
+            entries = tuple(
+                _Entry(int(e["index"]), str(e["kind"]), int(e["at_step"]))
+                for e in json.loads(text)
+                if e.get("rank") == rank and e.get("at_step") is not None
+            )
+        return RankChaos(rank, entries, Path(where) if where else None)
 
-    def before_step(self, step: int) -> None:
+    def before_step(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        fail_step: Callable[[Exception], None] | None,
+    ) -> None:
+        """Fire what is due before step ``step``; ``fail_step`` fails the step in process
+        (None: the rank cannot recover in process)."""
+        if self.memory_armed:
+            self.memory_armed = False
+            _memory_error(self.rank, step, model, fail_step)
+            return
         entry = self.entries.get(step)
         if entry is None or not self._claim(entry):
             return
+        if entry.kind == "memory":
+            _memory_error(self.rank, step, model, fail_step)
         if entry.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif entry.kind == "hang":
@@ -66,6 +94,7 @@ class RankChaos:
             raise InjectedFault(f"injected exception in rank {self.rank} before step {step}")
 
     def _claim(self, entry: _Entry) -> bool:
+        assert self.fired_dir is not None
         self.fired_dir.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(self.fired_dir / f"fired-{entry.index}", os.O_CREAT | os.O_EXCL)
@@ -75,10 +104,38 @@ class RankChaos:
         return True
 
 
+def _memory_error(
+    rank: int,
+    step: int,
+    model: torch.nn.Module,
+    fail_step: Callable[[Exception], None] | None,
+) -> None:
+    """Corrupt one element of a parameter, as a failed memory cell would, and surface the
+    error the way a device does: on access, before this step shares anything. With in-process
+    recovery the step fails without contributing a gradient (the rank leaves the group and
+    its corrupt state is repaired from a replica); without it the process dies of it."""
+    first = next(iter(model.parameters()))
+    with torch.no_grad():
+        first.view(-1)[0] = float("nan")
+    error = DeviceMemoryError(
+        f"uncorrectable device memory error {MEMORY_ERROR_CODE} in rank {rank} at step {step} "
+        "(injected): parameter memory is corrupt"
+    )
+    if fail_step is None:
+        raise error
+    fail_step(error)
+
+
 def _raise_injected(signum: int, frame: FrameType | None) -> None:
     raise InjectedFault(f"injected exception (signal {signal.Signals(signum).name})")
 
 
-def install_signal_fault() -> None:
-    """SIGUSR1 raises :class:`InjectedFault` in the main thread (managed ranks only)."""
+def install_signal_fault(chaos: RankChaos) -> None:
+    """SIGUSR1 raises :class:`InjectedFault` in the main thread; SIGUSR2 arms a device memory
+    error for the next step (managed ranks only)."""
     signal.signal(signal.SIGUSR1, _raise_injected)
+
+    def arm(signum: int, frame: FrameType | None) -> None:
+        chaos.memory_armed = True
+
+    signal.signal(signal.SIGUSR2, arm)

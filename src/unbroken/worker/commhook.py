@@ -213,6 +213,11 @@ class GradSync:
         grads = [grad for _, grad in works]
         torch._foreach_div_(grads, float(self.world_size))
 
+    def fail_step(self, error: Exception) -> None:
+        """Fail this step from outside the collectives (a device error found before them):
+        this rank shares no gradient and skips its update."""
+        self._fail(error)
+
     def _fail(self, error: Exception) -> None:
         _drain(self._works)
         self._works = []

@@ -39,7 +39,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, fields
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from pathlib import Path
 
 MAGIC = b"UBHB"
@@ -65,6 +65,15 @@ class Phase(StrEnum):
 
 _PHASE_CODES: dict[Phase, int] = {phase: code for code, phase in enumerate(Phase)}
 _CODE_PHASES: dict[int, Phase] = {code: phase for phase, code in _PHASE_CODES.items()}
+
+
+class StepFailure(IntEnum):
+    """Why a step failed, as the heartbeat's ``failure`` field says it."""
+
+    NONE = 0  # stopped by a command, not by a failure
+    COLLECTIVE = 1  # a collective failed: a peer died or hung, or a link broke
+    UPDATE = 2  # the optimizer update raised: the rank's state is suspect
+    DEVICE_MEMORY = 3  # an uncorrectable device memory error: the rank's state is corrupt
 
 
 class HeartbeatFormatError(ValueError):
@@ -99,6 +108,7 @@ class HeartbeatRecord:
     recoveries: int = 0  # in-process recoveries completed by this process
     command_seq: int = 0  # the last mailbox command this process acted on
     recoverable: int = 0  # 1: this rank can regroup and be repaired in process (has a mailbox)
+    failure: int = 0  # why ``failed_step`` failed: a :class:`StepFailure` code
 
 
 # Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.

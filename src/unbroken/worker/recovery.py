@@ -69,7 +69,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError
 from unbroken.worker.commhook import GradSync, SyncFailure, unsupported_reason
-from unbroken.worker.heartbeat import HeartbeatWriter, Phase
+from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure
 from unbroken.worker.mailbox import (
     MAILBOX,
     Command,
@@ -242,6 +242,14 @@ class Recovery:
         except MailboxError as e:
             raise RecoveryFailed(f"rank {self.rank}: bad recovery command: {e}") from e
 
+    def _failure_code(self) -> StepFailure:
+        failure = self.failure
+        if failure is None:
+            return StepFailure.NONE
+        if failure.reason.startswith("DeviceMemoryError"):
+            return StepFailure.DEVICE_MEMORY
+        return StepFailure.UPDATE if self._update_failure is not None else StepFailure.COLLECTIVE
+
     def _update_failed(self, error: Exception) -> None:
         reason = " ".join(str(error).split()) or type(error).__name__
         self._update_failure = SyncFailure(f"{type(error).__name__}: {reason}", time.time())
@@ -277,6 +285,7 @@ class Recovery:
             phase=Phase.STOPPING,
             failed_step=step,
             failed_at=failure.at if failure is not None else time.time(),
+            failure=self._failure_code(),
             **({"command_seq": self._command.seq} if self._command is not None else {}),
         )
         command = self._command if isinstance(self._command, Rejoin) else None

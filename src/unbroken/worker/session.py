@@ -145,7 +145,8 @@ class Session:
     def _start(self) -> None:
         if self.managed:
             self._stop.install()
-            install_signal_fault()
+            if self._chaos is not None:
+                install_signal_fault(self._chaos)
             sys.excepthook = self._excepthook
         try:
             if self._recovery is not None and self._recovery.joining:
@@ -220,12 +221,13 @@ class Session:
                     self.save_checkpoint()
 
     def _begin(self, step: int) -> None:
-        if self._chaos is not None:
-            self._chaos.before_step(step)
         if self._recovery is not None:
             self._recovery.begin_step(step)
         elif self._rng is not None:
             self._rng.begin(step, self.rank)
+        if self._chaos is not None:  # after begin_step, which forgets the last step's failure
+            fail = self._recovery.sync.fail_step if self._recovery is not None else None
+            self._chaos.before_step(step, self.model, fail)
         self._step_began = time.monotonic()
         if self.heartbeat is not None:
             if self._first_commit:
