@@ -387,6 +387,12 @@ class ManagedAgent:
                 if cmd.get("master_port"):
                     self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
                 self._start_ranks(int(cmd["generation"]))
+            elif op == "end":  # ranks to be replaced: a hung one holds its peers in a collective
+                for rank in map(int, cmd.get("ranks", ())):
+                    proc = self.ranks.get(rank)
+                    if proc is not None and proc.alive:
+                        self._expected_exit.add(proc.pid)
+                        proc.kill()
             elif op == "pause":
                 for rank, proc in self.ranks.items():
                     if proc.alive and rank in self._mailboxes:

@@ -208,6 +208,9 @@ class Executor:
             )
             return
         lost = {r for ranks in replace.values() for r in ranks} | set(suspect)
+        for pod, ranks in replace.items():
+            if pod in self.m.pods:
+                self.m.commands.send(pod, self.m.pods[pod].pid, {"op": "end", "ranks": list(ranks)})
         for p in self.m.pods.values():
             if p.pod not in skip_pods:
                 self.m.commands.send(p.pod, p.pid, {"op": "pause"})
