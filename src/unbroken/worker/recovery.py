@@ -348,6 +348,13 @@ class Recovery:
         if dist.is_initialized():
             dist.destroy_process_group()
 
+    def _abandon(self) -> None:
+        """Leave a group a failed recovery built, so that peers still in it fail at once."""
+        try:
+            self._leave()
+        except Exception as e:  # already failing: report the first error, not this one
+            logger.debug("leaving the group after a failed recovery: %s", e)
+
     def _rejoin(self, command: Rejoin, committed: int, *, regroup: bool) -> int:
         self._heartbeat(command_seq=command.seq)
         if regroup and command.generation <= self.generation:
@@ -377,6 +384,7 @@ class Recovery:
                 timeout_s=self.settings.comm_timeout_s,
             )
         except (ReplicaError, RuntimeError) as e:
+            self._abandon()
             if isinstance(e, RecoveryFailed):
                 raise
             raise RecoveryFailed(
