@@ -151,8 +151,8 @@ def test_a_suspect_rank_is_refused_as_replica_source(jobs: Callable[..., Job]) -
     job.rejoin(source=1, step=KILL_AT)
     assert set(job.wait().values()) == {1}, job.logs()
     reason = (
-        f"rank 1 cannot be the replica source for resuming at step {KILL_AT}: it had an "
-        "optimizer update fail midway (its state is suspect)"
+        f"rank 1 cannot be the replica source for resuming at step {KILL_AT}: it has suspect "
+        "state (an optimizer update failed midway, or its memory was corrupted)"
     )
     for r in ranks:
         log = r.log()

@@ -269,6 +269,8 @@ class Recovery:
         failure = self.failure
         step = self._step if failure is not None else committed
         rank = self.rank
+        if self._failure_code() is StepFailure.DEVICE_MEMORY:
+            self._suspect = True  # corrupt memory: never a replica source, always repaired
         if failure is not None:
             what = f"step {step} failed ({failure.reason})"
         else:

@@ -5,7 +5,8 @@ The protocol runs over a freshly built process group, on every rank of it:
 1. **Compare.** Each rank all-gathers ``(committed steps, flags, sha256 digest)`` of its
    model, optimizer and data position (:func:`unbroken.worker.digest.training_state_digest`).
    The chosen source must have committed exactly the step the job resumes at and must not
-   be suspect (an optimizer update that failed midway) nor a replacement process.
+   be suspect (an optimizer update that failed midway, a corrupted memory) nor a replacement
+   process.
 2. **Transfer.** Ranks whose step or digest differ from the source's are the receivers. The
    source and the receivers form a process group of their own; ranks already equal to the
    source take no part. The source broadcasts a description (JSON, UTF-8, as a uint8 tensor
@@ -43,7 +44,7 @@ from unbroken.worker.digest import training_state_digest
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-_SUSPECT = 1  # flag: an optimizer update failed midway on this rank
+_SUSPECT = 1  # flag: an update failed midway or memory was corrupted on this rank
 _FRESH = 2  # flag: a replacement process that has no training state of its own
 
 
@@ -135,7 +136,8 @@ def repair(
         why = (
             "is a replacement process without training state"
             if src.fresh
-            else "had an optimizer update fail midway (its state is suspect)"
+            else "has suspect state (an optimizer update failed midway, or its memory was "
+            "corrupted)"
             if src.suspect
             else f"has committed {src.committed} steps"
         )
