@@ -18,6 +18,7 @@ one. A save that failed raises :class:`CheckpointError` from the next :meth:`wai
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import shutil
 import threading
@@ -176,6 +177,24 @@ class Checkpointer:
             ) from e
         self.last_saved_step = step
         return step
+
+    def abandon(self, wait_s: float) -> None:
+        """Give the save in flight ``wait_s`` to finish, then stop waiting for it: its
+        collectives may hang on a dead peer until the group's timeout. An abandoned save never
+        writes a manifest unless it completes, so it is never loaded half-written."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            self.last_saved_step = pending.done.result(timeout=wait_s)
+        except concurrent.futures.TimeoutError:
+            logger.warning(
+                "checkpoint of step %d to %s abandoned: its save is stuck (a peer is gone)",
+                pending.step,
+                pending.path,
+            )
+        except Exception as e:
+            logger.warning("the checkpoint of step %d is lost: %s", pending.step, e)
 
     def _agree_on_latest(self) -> int:
         """Rank 0 picks the newest good checkpoint; every rank gets its step (-1: none)."""

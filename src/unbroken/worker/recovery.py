@@ -67,7 +67,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore
 from torch.nn.parallel import DistributedDataParallel
 
-from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError
+from unbroken.checkpoint.checkpointer import Checkpointer
 from unbroken.worker.commhook import GradSync, SyncFailure, unsupported_reason
 from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure
 from unbroken.worker.mailbox import (
@@ -337,10 +337,8 @@ class Recovery:
 
     def _leave(self) -> None:
         if self.checkpointer is not None:
-            try:
-                self.checkpointer.wait()
-            except CheckpointError as e:
-                logger.warning("the checkpoint in flight when the step stopped is lost: %s", e)
+            # A save in flight may be stuck in a collective with the peer that is gone.
+            self.checkpointer.abandon(wait_s=2.0)
         # Drop every reference to the old groups first: gloo closes a group's connections
         # only when its last reference goes, and peers must see them close.
         self.sync.detach()
