@@ -338,7 +338,7 @@ class Recovery:
     def _leave(self) -> None:
         if self.checkpointer is not None:
             # A save in flight may be stuck in a collective with the peer that is gone.
-            self.checkpointer.abandon(wait_s=2.0)
+            self.checkpointer.abandon(wait_s=0.5)
         # Drop every reference to the old groups first: gloo closes a group's connections
         # only when its last reference goes, and peers must see them close.
         self.sync.detach()
