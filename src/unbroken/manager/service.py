@@ -79,7 +79,6 @@ def build_server(
             "AgentHeartbeat": post("AgentHeartbeat"),
             "AgentReport": post("AgentReport"),
             "Inject": ask("Inject"),
-            "Status": ask("Status"),
         },
         streams={"AgentCommands": agent_commands},
     )
