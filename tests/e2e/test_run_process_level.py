@@ -1,0 +1,288 @@
+"""``unbroken run`` with process-level recovery: 2 pods x 2 ranks of examples/train_mlp.py on
+gloo, one spare node. A killed or failed rank (``recover-in-place``) or the pod of a lost node
+(``recover``) is replaced while the healthy ranks go on in the same processes: the replacement
+takes its state from a healthy replica at the step of the fault, no step is trained twice, and
+the final model is the fault-free one, bit for bit. When the configured rung cannot handle a
+fault, the next rung of the decision table does."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_runs import (
+    FIXTURES,
+    Reference,
+    assert_no_processes_left,
+    digest,
+    events,
+    of_kind,
+    run_job,
+    start_job,
+    status,
+    wait_for,
+)
+from process_helpers import (
+    rank_pids,
+    recomputed_steps,
+    split_at_fault,
+    started_ranks,
+    status_rank_pids,
+    the_incident,
+)
+
+pytestmark = pytest.mark.e2e
+
+IN_PLACE = FIXTURES / "process-recover-in-place.yaml"
+RECOVER = FIXTURES / "process-recover.yaml"
+NO_SPARE = FIXTURES / "process-cluster-no-spare.yaml"
+RANKS = [0, 1, 2, 3]
+IN_PLACE_MASTER, IN_PLACE_WORKER = "e2e-inplace-master-0", "e2e-inplace-worker-0"
+RECOVER_MASTER, RECOVER_WORKER = "e2e-recover-master-0", "e2e-recover-worker-0"
+# An incident recovered without stopping a pod or placing one, in order (process starts aside).
+IN_PROCESS_PHASES = [
+    "FaultDetected",
+    "DecisionMade",
+    "CommunicationReady",
+    "StateLoaded",
+    "FirstStepCommitted",
+    "RecoveryCompleted",
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
+    """The in-place job run once without faults. The two process-level jobs differ only in
+    their fault-handling metadata, so this is the model every faulted run of either must end
+    with, bit for bit."""
+    run_dir = tmp_path_factory.mktemp("process-fault-free") / "run"
+    res = run_job(run_dir, job=IN_PLACE)
+    assert_no_processes_left(run_dir)
+    assert res.rc == 0, res.explain()
+    assert "job e2e-inplace: SUCCEEDED" in res.stdout, res.explain()
+    assert "0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
+    yield Reference(run_dir, digest(run_dir))
+
+
+def result_of(run_dir: Path) -> dict[str, Any]:
+    """What rank 0 wrote at the end (``--result``)."""
+    data: dict[str, Any] = json.loads((run_dir / "result.json").read_text())
+    return data
+
+
+def assert_succeeded(stdout: str, job: str, run_dir: Path, reference: Reference) -> None:
+    assert f"job {job}: SUCCEEDED" in stdout, stdout
+    assert "step 60/60; 1 fault(s), 1 recovery(ies)" in stdout, stdout
+    assert digest(run_dir) == reference.digest, "the recovered model differs from the fault-free"
+    st = status(run_dir)
+    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 60, st
+
+
+def assert_only_replaced_ranks_restarted(
+    evs: list[dict[str, Any]], run_dir: Path, replaced: list[int]
+) -> None:
+    """After the fault only ``replaced`` ranks were started again; every other rank ended the
+    job in the process it had before the fault (by the ledger and by ``unbroken status``), and
+    rank 0's own process trained from step 0 to the end."""
+    before, after = split_at_fault(evs)
+    assert started_ranks(before) == RANKS, before
+    assert started_ranks(after) == replaced, of_kind(after, "ProcessesStarted")
+    old, final = rank_pids(before), rank_pids(evs)
+    healthy = [r for r in RANKS if r not in replaced]
+    assert {r: final[r] for r in healthy} == {r: old[r] for r in healthy}
+    assert all(final[r] != old[r] for r in replaced), (old, final)
+    st = status(run_dir)
+    assert st is not None and status_rank_pids(st) == final, (st, final)
+    assert result_of(run_dir)["start_step"] == 0, result_of(run_dir)
+
+
+def test_killed_rank_is_recovered_in_place_from_a_replica(
+    run_dir: Path, reference: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-rank.yaml", job=IN_PLACE)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-inplace", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    kinds = [e["kind"] for e in incident]
+    fault = incident[0]
+    assert fault["source"] == "process-exit" and fault["code"] == "signal:SIGKILL", fault
+    assert fault["ranks"] == [3] and fault["pods"] == [IN_PLACE_WORKER], fault
+    assert fault["step"] == 25, fault
+    decision = incident[1]
+    assert decision["kind"] == "DecisionMade" and decision["strategy"] == "recover-in-place"
+    assert decision["commands"] == [f"RestartInPlace(pod='{IN_PLACE_WORKER}', ranks=(3,))"]
+    assert [k for k in kinds if k != "ProcessesStarted"] == IN_PROCESS_PHASES, kinds
+    assert of_kind(incident, "ProcessesStarted", pod=IN_PLACE_WORKER, ranks=[3], generation=1)
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 25, "replica")
+    first = of_kind(incident, "FirstStepCommitted")[0]
+    assert (first["generation"], first["step"]) == (1, 26), first
+    assert incident[-1]["strategy"] == "recover-in-place", incident[-1]
+    assert recomputed_steps(run_dir) == 0
+    assert_only_replaced_ranks_restarted(evs, run_dir, replaced=[3])
+
+
+def test_rank_that_raised_is_recovered_in_place_from_a_replica(
+    run_dir: Path, reference: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "exception-rank.yaml", job=IN_PLACE)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-inplace", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    kinds = [e["kind"] for e in incident]
+    fault = incident[0]
+    assert fault["source"] == "exception" and fault["code"] == "InjectedFault", fault
+    assert fault["ranks"] == [1] and fault["pods"] == [IN_PLACE_MASTER], fault
+    assert "InjectedFault: injected exception in rank 1 before step 25" in fault["detail"], fault
+    decision = incident[1]
+    assert decision["kind"] == "DecisionMade" and decision["strategy"] == "recover-in-place"
+    # Rank 1 shares its pod with rank 0: only rank 1's process is replaced.
+    assert decision["commands"] == [f"RestartInPlace(pod='{IN_PLACE_MASTER}', ranks=(1,))"]
+    assert [k for k in kinds if k != "ProcessesStarted"] == IN_PROCESS_PHASES, kinds
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 25, "replica")
+    assert recomputed_steps(run_dir) == 0
+    assert_only_replaced_ranks_restarted(evs, run_dir, replaced=[1])
+
+
+def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
+    run_dir: Path, reference: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=RECOVER)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-recover", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    fault = incident[0]
+    assert fault["source"] == "node-lost" and fault["nodes"] == ["node-1"], fault
+    assert fault["pods"] == [RECOVER_WORKER] and fault["ranks"] == [2, 3], fault
+    # The node is killed from outside once step 25 is committed: the healthy ranks may commit
+    # a step or two more before they notice.
+    assert fault["step"] >= 25, fault
+    decision = incident[1]
+    assert decision["kind"] == "DecisionMade" and decision["strategy"] == "recover", decision
+    assert decision["commands"] == [
+        f"RecoverOnSpare(pod='{RECOVER_WORKER}', ranks=(2, 3), isolate_devices=(), "
+        "isolate_nodes=('node-1',))"
+    ], decision
+    assert of_kind(incident, "NodeIsolated", node="node-1"), incident
+    assert of_kind(incident, "PodsStopped", pods=[RECOVER_WORKER]), incident
+    assert [(e["pod"], e["node"]) for e in of_kind(evs, "PodPlaced", generation=1)] == [
+        (RECOVER_WORKER, "node-2")
+    ]
+    assert of_kind(incident, "ProcessesStarted", pod=RECOVER_WORKER, node="node-2", generation=1)
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (
+        1,
+        fault["step"],
+        "replica",
+    ), loaded
+    first = of_kind(incident, "FirstStepCommitted")[0]
+    assert (first["generation"], first["step"]) == (1, fault["step"] + 1), first
+    assert incident[-1]["strategy"] == "recover", incident[-1]
+    assert recomputed_steps(run_dir) == 0
+    # The master pod's ranks never restart; the worker pod's come back on the spare node.
+    assert_only_replaced_ranks_restarted(evs, run_dir, replaced=[2, 3])
+    st = status(run_dir)
+    assert st is not None
+    assert {p["name"]: p["node"] for p in st["pods"]} == {
+        RECOVER_MASTER: "node-0",
+        RECOVER_WORKER: "node-2",
+    }
+
+
+def test_hang_is_not_recovered_in_place_and_falls_to_in_pod_restart(
+    run_dir: Path, reference: Reference
+) -> None:
+    """recover-in-place takes process exits and exceptions only (row L2 of the decision table):
+    a hung rank is neither, software faults are not rescheduled (fault-retry-times 0), so the
+    ranks restart in their pods from the newest checkpoint (row L6)."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "hang-rank.yaml", job=IN_PLACE)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-inplace", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    fault = incident[0]
+    assert fault["source"] == "hang" and fault["code"] == "heartbeat-timeout", fault
+    assert fault["ranks"] == [2] and fault["pods"] == [IN_PLACE_WORKER], fault
+    decision = incident[1]
+    assert decision["kind"] == "DecisionMade" and decision["strategy"] == "process-restart"
+    why = "recover-in-place: not every fault is a process exit or exception"
+    assert why in decision["reason"], decision
+    assert not of_kind(incident, "PodPlaced") and not of_kind(incident, "PodsStopped"), incident
+    # Every rank starts again and resumes from the checkpoint of step 20, not from a replica.
+    before, after = split_at_fault(evs)
+    assert started_ranks(after) == RANKS, of_kind(after, "ProcessesStarted")
+    old, final = rank_pids(before), rank_pids(evs)
+    assert all(final[r] != old[r] for r in RANKS), (old, final)
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 20, "checkpoint")
+    assert incident[-1]["strategy"] == "process-restart", incident[-1]
+    assert recomputed_steps(run_dir) == 25 - 20
+    assert result_of(run_dir)["start_step"] == 20, result_of(run_dir)
+
+
+def test_lost_node_without_a_spare_node_falls_to_job_level_rescheduling(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """With no free node, ``recover`` and pod-level rescheduling cannot place the pod of the
+    lost node: the job falls to job-level rescheduling, which stops every pod and waits for a
+    node (rows L3, L5a, L5b and V6 of the decision table), saying why it cannot place the pod.
+    The test ends the waiting run itself."""
+    job = start_job(
+        run_dir,
+        tmp_path / "logs",
+        "--cluster",
+        NO_SPARE,
+        "--chaos",
+        FIXTURES / "kill-node.yaml",
+        job=RECOVER,
+    )
+    try:
+        wait_for(
+            lambda: f"cannot place {RECOVER_WORKER}" in job.output()[0],
+            "the worker pod reported unplaceable",
+            deadline_s=180.0,
+        )
+        st = status(run_dir)
+        assert st is not None and st["phase"] == "Recovering", st
+        assert st["message"] == "recovering from f1 (job-rescheduling)", st
+    finally:
+        job.stop()
+    res = job.wait()
+    assert res.rc == 1, res.explain()
+    assert "interrupted; every process of the run was stopped" in res.stderr, res.explain()
+    assert (
+        "no spare node: recover moves a faulty pod to a free node, and all 2 are taken; "
+        "recover will fall to the next rung"
+    ) in res.stderr, res.explain()
+    assert (
+        f"cannot place {RECOVER_WORKER}: pod {RECOVER_WORKER} needs 2 healthy devices; "
+        f"node-0 goes to pod {RECOVER_MASTER}, node-1 isolated: node lost"
+    ) in res.stdout, res.explain()
+
+    evs = events(run_dir)
+    _, after = split_at_fault(evs)
+    fault = after[0]
+    assert fault["source"] == "node-lost" and fault["nodes"] == ["node-1"], fault
+    decision = after[1]
+    assert decision["kind"] == "DecisionMade", decision
+    assert decision["strategy"] == "job-rescheduling", decision
+    assert "recover: no spare node free and the pod is not schedulable" in decision["reason"]
+    assert "pod-rescheduling: the pod cannot be placed now" in decision["reason"], decision
+    assert of_kind(after, "NodeIsolated", node="node-1"), after
+    stopped = of_kind(after, "PodsStopped")
+    assert [sorted(e["pods"]) for e in stopped] == [[RECOVER_MASTER, RECOVER_WORKER]], stopped
+    # Nothing was placed or started again, and the fault was not recovered.
+    kinds = [e["kind"] for e in after]
+    for kind in ("PodPlaced", "ProcessesStarted", "StateLoaded", "RecoveryCompleted"):
+        assert kind not in kinds, kinds
