@@ -78,6 +78,8 @@ class Executor:
         self._queue: list[PolicyEvent] = []
         self._deciding = False
         self.pending_rejoin: PendingRejoin | None = None
+        self.unplaced: tuple[str, ...] | None = None  # pods waiting for room to be placed
+        self._next_placement_at = 0.0
 
     # ---- the policy -------------------------------------------------------------------
     def policy(self, event: PolicyEvent, now: float) -> None:
@@ -449,12 +451,17 @@ class Executor:
 
     def _reschedule(self, pods: tuple[str, ...], grace_s: float | None) -> None:
         self._stop(pods, grace_s)
-        keep = {p: proc.node for p, proc in self.m.pods.items()}
+        self.unplaced = None
         self.place_and_start(pods, prefer={})
-        if self.m.outcome is not None or any(p not in self.m.pods for p in pods):
+        self._restart_others(pods)
+
+    def _restart_others(self, placed: tuple[str, ...]) -> None:
+        """Once ``placed`` run in the new generation, the other pods restart their ranks in
+        place into it."""
+        if self.m.outcome is not None or any(p not in self.m.pods for p in placed):
             return
         gen = self.m.generation
-        for name in keep:
+        for name in [p for p in self.m.pods if p not in placed]:
             proc = self.m.pods[name]
             proc.generation = gen
             proc.finished = False
@@ -470,11 +477,22 @@ class Executor:
         result = place(self.m.cluster, wanted, prefer)
         if isinstance(result, Unschedulable):
             self.m.console.line(f"cannot place {result.pod}: {result.reason}")
+            reason = f"cannot place pod {result.pod}: {result.reason}"
             if self.m.generation == 0 and not self.m.pods and self.m.incident is None:
-                self.m.finish(False, f"cannot place pod {result.pod}: {result.reason}")
+                self.m.finish(False, reason)
                 return
-            self._queue.append(PodUnschedulable(pod=result.pod, at=time.time()))
+            if not self._could_fit(wanted):
+                # Lost nodes do not come back: no device returning to the pool can help.
+                self.m.finish(False, reason + "; the nodes left cannot hold the job")
+                return
+            self.m.ledger.record_raw("PodUnschedulable", {"pod": result.pod, "reason": reason})
+            self.m.pending_reason = reason
+            if self.unplaced is None:
+                self.unplaced = tuple(pods)
+                self._queue.append(PodUnschedulable(pod=result.pod, at=time.time()))
             return
+        self.unplaced = None
+        self.m.pending_reason = ""
         self.m.cluster = self.m.cluster.bind(result.bindings)
         gen = self._next_generation() if self.m.pods or self.m.incident else self.m.generation
         for b in result.bindings:
@@ -483,6 +501,26 @@ class Executor:
             )
             self.m.console.line(f"pod {b.pod} placed on {b.node} (devices {list(b.devices)})")
             self._start_agent(b.pod, b.node, b.devices, gen)
+
+    def _could_fit(self, wanted: list[Pod]) -> bool:
+        """Whether ``wanted`` could be placed if every isolated device came back healthy."""
+        c = self.m.cluster
+        for node, device in list(c.isolated_devices):
+            c = c.return_device(node, device)
+        return not isinstance(place(c, wanted), Unschedulable)
+
+    def retry_placement(self, now: float) -> None:
+        """Pods the scheduler could not place are tried again (a device may have returned to
+        the pool, autoStowing); once placed, the other pods restart into their generation."""
+        if self.unplaced is None or now < self._next_placement_at:
+            return
+        self._next_placement_at = now + 1.0
+        pods = self.unplaced
+        wanted = [Pod(name=p, devices_needed=self.m.job.nproc_per_node) for p in pods]
+        if isinstance(place(self.m.cluster, wanted), Unschedulable):
+            return
+        self.place_and_start(pods, prefer={})
+        self._restart_others(pods)
 
     def _start_agent(self, pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
         m = self.m

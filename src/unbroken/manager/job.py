@@ -168,6 +168,7 @@ class JobManager:
         self.master_port = 0
         self.replica_step: dict[int, int] = {}  # generation -> step repaired from a replica
         self.generation_began: dict[int, float] = {}
+        self.pending_reason = ""  # why pods wait to be placed, for the status
         # imported late: the executor needs the manager's attributes above
         from unbroken.manager.executor import Executor
 
@@ -476,6 +477,7 @@ class JobManager:
         self._settle(now)
         self._phases(now)
         self.executor.poll_rejoin(now)
+        self.executor.retry_placement(now)
         self._chaos(now)
         if self.outcome is None:
             self.executor.policy(PolicyTick(now=now), now)
@@ -693,6 +695,8 @@ class JobManager:
                 recoveries=self.n_recoveries,
                 message=self.outcome.reason
                 if self.outcome
+                else self.pending_reason
+                if self.pending_reason
                 else (
                     f"recovering from {self.incident.fault_id} ({self.incident.strategy})"
                     if self.incident
