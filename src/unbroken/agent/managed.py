@@ -353,6 +353,13 @@ class ManagedAgent:
             if ex.succeeded:
                 self.done.add(ex.rank)
                 continue
+            snap = self._readers[ex.rank].read() if ex.rank in self._readers else None
+            if snap is not None and snap.pid == ex.pid and snap.phase is Phase.DONE:
+                # Training finished and the session closed; the exit status came from the
+                # interpreter's teardown afterwards. The rank's work is complete.
+                log.warning("rank %d finished training, then %s", ex.rank, ex.describe())
+                self.done.add(ex.rank)
+                continue
             if ex.pid in self._ended_after_failure:
                 ex = dataclasses.replace(ex, ended_after_failure=True)
             log.warning("rank %d (pid %d) %s", ex.rank, ex.pid, ex.describe())

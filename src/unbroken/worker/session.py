@@ -33,6 +33,7 @@ step, even on a replacement process, draws what a fault-free run drew.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -326,6 +327,14 @@ class Session:
                 self.heartbeat.update(phase=Phase.DONE)
             if destroy_process_group and dist.is_initialized():
                 dist.destroy_process_group()
+                if self._recovery is not None:
+                    # Groups left behind by in-process recoveries: let their gloo threads end
+                    # now, while the interpreter is whole, not in its final teardown (where a
+                    # still-joinable thread aborts the process).
+                    self._recovery.sync.detach()
+                    if self.checkpointer is not None:
+                        self.checkpointer.pg = None
+                    gc.collect()
         except BaseException:
             self._fail()
             raise
