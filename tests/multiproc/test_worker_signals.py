@@ -66,8 +66,11 @@ def test_sigterm_stops_at_a_step_boundary(cluster: Cluster) -> None:
     for rank in range(2):
         record = _record(ranks, rank)
         assert record.phase is Phase.STOPPING
-        # Stopped between steps: the last step begun is the last one committed.
-        assert record.committed == record.step + 1
+        # Stopped between steps: the last step begun is the last one committed, or, for a
+        # rank whose peer left first, a step that failed in its collective and was not applied.
+        assert record.committed == record.step + 1 or (
+            record.committed == record.step and "while stopping; not recovering" in ranks.log(rank)
+        )
         assert "Traceback" not in ranks.log(rank)
         assert f"rank {rank} stopping on request after {record.committed} committed" in (
             ranks.log(rank)

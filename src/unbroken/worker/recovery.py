@@ -278,6 +278,10 @@ class Recovery:
             what = f"{self._command.op} command {self._command.seq} at step boundary {step}"
         logger.warning("rank %d: %s; leaving the process group", rank, what)
         self._leave()  # at once, even to fail: peers blocked with this rank then fail too
+        if should_stop():
+            # A stop was requested (SIGTERM): the peers that already left are stopping too.
+            logger.warning("rank %d: %s while stopping; not recovering", rank, what)
+            return None
         if self._reader is None:
             raise RecoveryFailed(
                 f"rank {rank}: {what}, and this process has no recovery command channel "
