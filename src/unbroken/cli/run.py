@@ -134,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
         auto_stowing=cluster.auto_stowing,
         code_table=args.codes,
     )
-    opts = ManagerOptions(
-        agent_timeout_s=args.agent_timeout, hang_floor_s=args.hang_timeout, quiet=args.quiet
-    )
+    opts = ManagerOptions(agent_timeout_s=args.agent_timeout, hang_floor_s=args.hang_timeout)
     console = Console(quiet=args.quiet)
     try:
         ledger = Ledger(run_dir / "ledger.db")

@@ -382,8 +382,6 @@ class Executor:
         self.m.generation_began[self.m.generation] = time.time()
         self.m.ranks = {}
         self.m.open_store()
-        if self.m.incident is not None:
-            self.m.incident.generations.add(self.m.generation)
         return self.m.generation
 
     def _restart_in_place(self) -> None:

@@ -28,7 +28,7 @@ import queue
 import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,6 @@ class Incident:
     fault: Fault
     step_at_fault: int
     strategy: str = ""
-    generations: set[int] = field(default_factory=set)
     awaiting_replacement: str | None = None
 
 

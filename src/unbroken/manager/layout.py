@@ -73,4 +73,3 @@ class ManagerOptions:
     hang_floor_s: float = 3.0
     hang_factor: float = 10.0
     progress_every: int = 20  # a StepProgress event every N committed steps
-    quiet: bool = False
