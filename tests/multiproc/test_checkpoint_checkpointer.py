@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from unbroken.checkpoint import Checkpointer, find_latest_good, list_checkpoints, verify
+from unbroken.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    find_latest_good,
+    list_checkpoints,
+    verify,
+)
 from unbroken.worker import rng, state_digest
 
 pytestmark = [
@@ -101,3 +107,50 @@ def test_rng_states_round_trip() -> None:
         expected
     )
     assert all(t.dtype in (torch.uint8, torch.int64, torch.float64) for t in states.values())
+
+
+def test_last_words_are_a_whole_job_checkpoint_from_one_replica(tmp_path: Path) -> None:
+    """One rank writes the state of a job of 4 ranks: every rank finds its data position in
+    it, and a save of the same step that never got its manifest is moved aside, not mixed in."""
+    model, opt = _model_and_optimizer(0)
+    _train(model, opt, 5)
+    unfinished = tmp_path / "step_00000005"
+    unfinished.mkdir(parents=True)
+    (unfinished / "__1_0.distcp").write_bytes(b"half a save")
+    ckpt = Checkpointer(tmp_path)
+    extra = {r: {"data_pos": torch.tensor([5])} for r in range(4)}
+    path = ckpt.save_last_words(5, model, opt, extra, world_size=4)
+    assert path == unfinished and verify(path).world_size == 4
+    assert not (path / "__1_0.distcp").exists()
+    assert (tmp_path / "step_00000005.invalid" / "__1_0.distcp").exists()
+    assert find_latest_good(tmp_path) is not None
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+    fresh, fresh_opt = _model_and_optimizer(1)
+    restored = Checkpointer(tmp_path).load_latest(fresh, fresh_opt)
+    assert restored is not None and (restored.step, restored.world_size) == (5, 4)
+    assert restored.extra["data_pos"].tolist() == [5]
+    assert state_digest(fresh) == state_digest(model)
+    _train(fresh, fresh_opt, 2)
+    _train(model, opt, 2)
+    assert state_digest(fresh) == state_digest(model)  # the optimizer state came back too
+
+
+def test_last_words_keep_a_good_checkpoint_of_the_same_step(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save_async(2, model, opt)
+    ckpt.close()
+    before = verify(tmp_path / "step_00000002")
+    _train(model, opt, 1)  # the last words would differ: they must not replace a good save
+    path = ckpt.save_last_words(2, model, opt, {0: {}}, world_size=1)
+    assert verify(path) == before
+
+
+def test_last_words_that_cannot_be_written_leave_nothing_behind(tmp_path: Path) -> None:
+    model, opt = _model_and_optimizer(0)
+    (tmp_path / "file").write_text("not a directory")
+    ckpt = Checkpointer(tmp_path / "file" / "ckpt")
+    with pytest.raises(CheckpointError, match="saving last words of step 3 to .*file/ckpt"):
+        ckpt.save_last_words(3, model, opt, {0: {}}, world_size=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]

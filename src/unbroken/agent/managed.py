@@ -406,6 +406,13 @@ class ManagedAgent:
                         self._mailboxes[rank].post({"op": "pause"})
             elif op == "rejoin":
                 self._rejoin(cmd, tuple(int(r) for r in cmd.get("replace", ())))
+            elif op == "dump":  # last words from one stopped rank of this pod
+                rank = int(cmd["rank"])
+                proc = self.ranks.get(rank)
+                if proc is not None and proc.alive and rank in self._mailboxes:
+                    self._mailboxes[rank].post({"op": "dump"})
+                else:
+                    log.error("dump: rank %d of this pod is not running", rank)
             elif op == "stop":
                 grace = cmd.get("grace_s")
                 self._stop_ranks(None if grace is None else float(grace))

@@ -11,6 +11,12 @@ Per-rank keys matter: DCP treats a plain tensor under the same key on every rank
 and keeps one copy, so RNG states saved under a shared key would come back as rank 0's on every
 rank.
 
+Last words (:meth:`Checkpointer.save_last_words`) are the other kind of save: one healthy
+replica, stopped at a step boundary and out of every process group, writes the whole job's
+state alone (a data-parallel rank holds all of it) into a hidden directory, commits its
+manifest there, and renames the directory into place, so the checkpoint appears whole or not at
+all, even over a periodic save of the same step that a dead peer left without a manifest.
+
 At most one save is in flight: :meth:`Checkpointer.save_async` first waits for the previous
 one. A save that failed raises :class:`CheckpointError` from the next :meth:`wait` (or
 ``save_async``): a checkpoint that silently stops happening is worse than a stopped job.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import shutil
 import threading
 import time
@@ -36,8 +43,10 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from unbroken.checkpoint.manifest import (
+    CheckpointInvalid,
     find_latest_good,
     list_checkpoints,
     prune,
@@ -195,6 +204,65 @@ class Checkpointer:
             )
         except Exception as e:
             logger.warning("the checkpoint of step %d is lost: %s", pending.step, e)
+
+    def save_last_words(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ranks_extra: Mapping[int, Mapping[str, torch.Tensor]],
+        world_size: int,
+    ) -> Path:
+        """Write the state after ``step`` committed steps as the checkpoint of a job of
+        ``world_size`` ranks, from this process alone, synchronously; returns its directory.
+
+        ``ranks_extra`` holds each rank's per-rank tensors (its data position). For a
+        data-parallel replica the model and optimizer are the whole state. Call it outside any
+        process group collective (the rank has left its group); nothing here communicates.
+        A good checkpoint of ``step`` already there is kept as it is.
+        """
+        final = step_dir(self.root, step)
+        try:
+            verify(final, hashes=False)
+        except CheckpointInvalid:
+            pass
+        else:
+            logger.info("last words: checkpoint %s is already good", final)
+            return final
+        tmp = self.root / f".last-words-{step:08d}-{os.getpid()}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state: dict[str, Any] = {
+                "model": model_sd,
+                "optim": optim_sd,
+                _RANKS: {str(r): dict(extra) for r, extra in ranks_extra.items()},
+            }
+            metadata = dcp_save(state, checkpoint_id=tmp, no_dist=True)
+            files = {info.relative_path for info in metadata.storage_data.values()}
+            files.add(".metadata")
+            write_manifest(
+                tmp, step=step, world_size=world_size, files=files, created_at=time.time()
+            )
+            if final.exists():  # a save of this step that never got its manifest
+                aside = final.with_name(final.name + ".invalid")
+                shutil.rmtree(aside, ignore_errors=True)
+                final.rename(aside)
+                logger.warning("moved unfinished checkpoint %s aside to %s", final, aside.name)
+            os.rename(tmp, final)
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"saving last words of step {step} to {final} failed: {e}") from e
+        prune(self.root, self.keep)
+        self.last_saved_step = step
+        return final
 
     def _agree_on_latest(self) -> int:
         """Rank 0 picks the newest good checkpoint; every rank gets its step (-1: none)."""

@@ -8,6 +8,7 @@ was recorded (so the recorded phases add up to the MTTR):
 ==============  ==========================================================================
 detect          fault occurred (``FaultDetected.occurred_at``) -> fault recorded
 decide          -> first ``DecisionMade``
+last_words      -> ``CheckpointSaved`` of the last words (``dump``)
 stop            -> last ``PodsStopped``
 place           -> last ``PodPlaced``
 processes       -> last ``ProcessesStarted``
@@ -31,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from unbroken.ledger.events import (
+    CheckpointSaved,
     CommunicationReady,
     DecisionMade,
     FaultDetected,
@@ -48,6 +50,7 @@ from unbroken.ledger.store import Record
 PHASES: tuple[str, ...] = (
     "detect",
     "decide",
+    "last_words",
     "stop",
     "place",
     "processes",
@@ -132,6 +135,9 @@ def incidents(records: Iterable[Record]) -> tuple[Incident, ...]:
         if kind == DecisionMade.kind:
             cur.ends.setdefault("decide", rec.at)
             cur.strategy = str(rec.data.get("strategy", ""))
+        elif kind == CheckpointSaved.kind:
+            if rec.data.get("last_words"):
+                cur.ends["last_words"] = rec.at
         elif kind in _PHASE_OF_KIND:
             cur.ends[_PHASE_OF_KIND[kind]] = rec.at
             if kind == StateLoaded.kind:

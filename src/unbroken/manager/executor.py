@@ -19,13 +19,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unbroken.devices import DeviceFaulted, DeviceRecovered
 from unbroken.faults import Fault, FaultKind
 from unbroken.ledger import (
+    CheckpointSaved,
     DecisionMade,
     DeviceIsolated,
     DeviceReturned,
@@ -72,12 +73,31 @@ class PendingRejoin:
     then: Callable[[int, tuple[int, int]], None] | None = None
 
 
+@dataclass
+class PendingDump:
+    """Last words in progress (see :meth:`Executor.poll_dump`): first every healthy rank
+    stops at a step boundary, then one writes, then the commands in ``then`` run."""
+
+    lost: set[int]
+    stop_deadline_at: float
+    deadline_at: float
+    began_at: float
+    then: tuple[Command, ...] = ()
+    writer: tuple[int, int] | None = None  # (rank, committed step) once asked
+    asked_at: float = 0.0
+
+
+#: How long the healthy ranks get to stop at a step boundary before last words or a rejoin.
+STOP_TIMEOUT_S = 10.0
+
+
 class Executor:
     def __init__(self, manager: JobManager) -> None:
         self.m = manager
         self._queue: list[PolicyEvent] = []
         self._deciding = False
         self.pending_rejoin: PendingRejoin | None = None
+        self.pending_dump: PendingDump | None = None
         self.unplaced: tuple[str, ...] | None = None  # pods waiting for room to be placed
         self._next_placement_at = 0.0
 
@@ -90,31 +110,43 @@ class Executor:
             return
         self._deciding = True
         try:
-            while self._queue and self.m.outcome is None:
-                ev = self._queue.pop(0)
-                d = decide(self.m.policy_state, ev, self.m.fh, now)
-                self.m.policy_state = d.state
-                if not d.commands:
-                    continue
-                strategy = str(d.state.rung) if isinstance(d.state, Recovering) else "none"
-                inc = self.m.incident
-                if inc is not None:
-                    inc.strategy = strategy
-                self.m.ledger.record(
-                    DecisionMade(
-                        fault_id=inc.fault_id if inc else "",
-                        strategy=strategy,
-                        commands=tuple(repr(c) for c in d.commands),
-                        reason=d.reason,
-                    )
-                )
-                self.m.console.line(f"decision: {strategy}: {d.reason}")
-                for cmd in d.commands:
-                    if self.m.outcome is not None:
-                        break
-                    self.execute(cmd, now)
+            self._decide_queued(now)
         finally:
             self._deciding = False
+
+    def _decide_queued(self, now: float) -> None:
+        while self._queue and self.m.outcome is None:
+            ev = self._queue.pop(0)
+            d = decide(self.m.policy_state, ev, self.m.fh, now)
+            self.m.policy_state = d.state
+            if not d.commands:
+                continue
+            strategy = str(d.state.rung) if isinstance(d.state, Recovering) else "none"
+            inc = self.m.incident
+            if inc is not None:
+                inc.strategy = strategy
+            self.m.ledger.record(
+                DecisionMade(
+                    fault_id=inc.fault_id if inc else "",
+                    strategy=strategy,
+                    commands=tuple(repr(c) for c in d.commands),
+                    reason=d.reason,
+                )
+            )
+            self.m.console.line(f"decision: {strategy}: {d.reason}")
+            self._run(d.commands, now)
+
+    def _run(self, commands: Sequence[Command], now: float) -> None:
+        """Carry out ``commands`` in order. Last words being written hold back the commands
+        after them (the newest decision's, when another came meanwhile) until they are
+        done or have failed: a stop must not end the rank that writes them."""
+        for i, cmd in enumerate(commands):
+            if self.m.outcome is not None:
+                return
+            if self.pending_dump is not None:
+                self.pending_dump.then = tuple(commands[i:])
+                return
+            self.execute(cmd, now)
 
     def execute(self, cmd: Command, now: float) -> None:
         match cmd:
@@ -139,12 +171,8 @@ class Executor:
             case RecoverOnSpare(pod=pod, isolate_devices=devs, isolate_nodes=nodes):
                 self._isolate_all(devs, nodes)
                 self._recover_on_spare(pod, now)
-            case DumpLastWords():
-                # Last words are not written by this executor yet: the periodic checkpoint is
-                # what the next rung resumes from. Not a failure of the rung that follows.
-                self.m.ledger.record_raw(
-                    "LastWordsSkipped", {"reason": "dump is not carried out by this executor"}
-                )
+            case DumpLastWords(timeout_s=timeout_s):
+                self._dump(now, timeout_s)
             case _:
                 self._queue.append(
                     RecoveryFailed(
@@ -217,7 +245,7 @@ class Executor:
             if p.pod not in skip_pods:
                 self.m.commands.send(p.pod, p.pid, {"op": "pause"})
         self.pending_rejoin = PendingRejoin(
-            replace=dict(replace), lost=lost, skip_pods=skip_pods, deadline_at=now + 10.0
+            replace=dict(replace), lost=lost, skip_pods=skip_pods, deadline_at=now + STOP_TIMEOUT_S
         )
 
     def poll_rejoin(self, now: float) -> None:
@@ -265,6 +293,122 @@ class Executor:
         )
         if pr.then is not None:
             pr.then(gen, source)
+
+    # ---- last words (dump) -----------------------------------------------------------
+    def _incident_faults(self) -> tuple[Fault, ...]:
+        faults = getattr(self.m.policy_state, "faults", ())
+        if faults:
+            return tuple(faults)
+        return (self.m.incident.fault,) if self.m.incident is not None else ()
+
+    def _lost_ranks(self, faults: Sequence[Fault]) -> set[int]:
+        """Ranks whose state the faults took or made suspect."""
+        lost: set[int] = set()
+        for f in faults:
+            lost.update(f.ranks)
+            if f.pod is not None and not f.ranks:
+                lost.update(self.m.job.ranks_of(f.pod))
+            if f.kind is FaultKind.NODE_LOST and f.node is not None:
+                for p in self.m.pods.values():
+                    if p.node == f.node:
+                        lost.update(self.m.job.ranks_of(p.pod))
+        return lost
+
+    def _dump(self, now: float, timeout_s: float) -> None:
+        """``dump``, first half: the lost ranks end (a hung one holds its peers inside a
+        collective), every other rank stops at a step boundary. :meth:`poll_dump` then asks
+        the most advanced healthy replica for its last words and, once they are written (or
+        have failed), carries out the commands that followed."""
+        lost = self._lost_ranks(self._incident_faults())
+        for p in self.m.pods.values():
+            if not p.alive or p.lost:
+                continue
+            mine = [r for r in self.m.job.ranks_of(p.pod) if r in lost]
+            if mine:
+                self.m.commands.send(p.pod, p.pid, {"op": "end", "ranks": mine})
+            self.m.commands.send(p.pod, p.pid, {"op": "pause"})
+        self.m.console.line("last words: healthy ranks stop at a step boundary")
+        self.pending_dump = PendingDump(
+            lost=lost,
+            stop_deadline_at=now + STOP_TIMEOUT_S,
+            deadline_at=now + timeout_s,
+            began_at=now,
+        )
+
+    def _dump_writer(self, lost: set[int]) -> tuple[int, int] | None:
+        """The most advanced stopped healthy rank and its committed step."""
+        best: tuple[int, int] | None = None
+        for r, v in sorted(self.m.ranks.items()):
+            if r in lost or not v.alive or v.phase != "stopping":
+                continue
+            pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
+            if pod is None or pod.lost or not pod.alive:
+                continue
+            if best is None or v.committed > best[1]:
+                best = (r, v.committed)
+        return best
+
+    def poll_dump(self, now: float) -> None:
+        pd = self.pending_dump
+        if pd is None:
+            return
+        if pd.writer is None:
+            views = [
+                v
+                for r, v in self.m.ranks.items()
+                if r not in pd.lost
+                and v.alive
+                and not getattr(self.m.pods.get(self.m.job.pod_of_rank(r) or ""), "lost", True)
+            ]
+            stopped = bool(views) and all(v.phase == "stopping" for v in views)
+            if not stopped and now < pd.stop_deadline_at:
+                return
+            writer = self._dump_writer(pd.lost)
+            if writer is None:
+                self._dump_done(now, failed="no healthy rank stopped at a step boundary")
+                return
+            pod = self.m.pods[self.m.job.pod_of_rank(writer[0]) or ""]
+            pd.writer, pd.asked_at = writer, now
+            self.m.commands.send(pod.pod, pod.pid, {"op": "dump", "rank": writer[0]})
+            self.m.console.line(f"last words: rank {writer[0]} saves step {writer[1]}")
+            return
+        rank, step = pd.writer
+        view = self.m.ranks.get(rank)
+        if view is not None and view.dumped_at > pd.asked_at and view.dumped_step == step:
+            self.m.ledger.record(
+                CheckpointSaved(
+                    step=step, path="", duration_s=view.dumped_at - pd.asked_at, last_words=True
+                ),
+                at=view.dumped_at,
+            )
+            self.m.console.line(
+                f"last words: rank {rank} saved step {step} ({view.dumped_at - pd.asked_at:.2f} s)"
+            )
+            self._dump_done(now)
+        elif view is None or not view.alive:
+            self._dump_done(now, failed=f"rank {rank} died writing them")
+        elif view.dump_failed_at > pd.asked_at:
+            self._dump_done(now, failed=f"rank {rank} could not write them (see its log)")
+        elif now >= pd.deadline_at:
+            self._dump_done(now, failed=f"rank {rank} did not finish within the dump timeout")
+
+    def _dump_done(self, now: float, failed: str = "") -> None:
+        pd = self.pending_dump
+        assert pd is not None
+        self.pending_dump = None
+        if failed:
+            # Not a failure of the rung that follows: it resumes from the periodic checkpoint.
+            self.m.ledger.record_raw("LastWordsFailed", {"reason": failed})
+            self.m.console.line(f"last words failed: {failed}; the periodic checkpoint is used")
+        if self._deciding:
+            self._run(pd.then, now)
+            return
+        self._deciding = True
+        try:
+            self._run(pd.then, now)
+            self._decide_queued(now)
+        finally:
+            self._deciding = False
 
     def _recover_on_spare(self, pod: str, now: float) -> None:
         self._stop((pod,), None)

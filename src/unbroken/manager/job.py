@@ -476,6 +476,7 @@ class JobManager:
         self._settle(now)
         self._phases(now)
         self.executor.poll_rejoin(now)
+        self.executor.poll_dump(now)
         self.executor.retry_placement(now)
         self._chaos(now)
         if self.outcome is None:

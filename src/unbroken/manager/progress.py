@@ -29,6 +29,9 @@ class RankView:
     state_loaded_at: float = 0.0
     first_commit_at: float = 0.0
     recoverable: bool = False  # the worker can rejoin a new group and be repaired in process
+    dumped_step: int = -1  # the step of the last words this rank wrote (-1: none)
+    dumped_at: float = 0.0
+    dump_failed_at: float = 0.0
 
     def update(self, row: Mapping[str, Any]) -> None:
         for key in (
@@ -44,6 +47,9 @@ class RankView:
             "first_commit_at",
             "alive",
             "recoverable",
+            "dumped_step",
+            "dumped_at",
+            "dump_failed_at",
         ):
             if key in row:
                 setattr(self, key, type(getattr(self, key))(row[key]))

@@ -21,7 +21,9 @@ waits for a command; ``command_seq`` is the mailbox command it last acted on. Re
 stamps ``comm_ready_at`` (phase ``comm-ready``) when the new process group is up and
 ``state_loaded_at`` (``state-loaded``, ``committed`` = the step it resumes at) when its state
 is repaired and verified, then counts ``recoveries`` and reports ``training`` again when the
-redone step starts. ``generation`` and ``rank`` follow the group it joined.
+redone step starts. ``generation`` and ``rank`` follow the group it joined. A stopped rank
+asked for last words (``dump``) stamps ``dumped_step``/``dumped_at`` once its checkpoint is
+committed, or ``dump_failed_at`` when it could not write one.
 
 Layout (little endian, ``RECORD_SIZE`` bytes): a 16-byte header (``MAGIC``, ``VERSION``, record
 size, sequence number) followed by 8-byte fields in the order of :data:`_FIELDS`, then zero
@@ -109,6 +111,10 @@ class HeartbeatRecord:
     command_seq: int = 0  # the last mailbox command this process acted on
     recoverable: int = 0  # 1: this rank can regroup and be repaired in process (has a mailbox)
     failure: int = 0  # why ``failed_step`` failed: a :class:`StepFailure` code
+    # Last words (``dump``):
+    dumped_step: int = -1  # the step of the last-words checkpoint this rank wrote; -1: none
+    dumped_at: float = 0.0  # when it was committed (its manifest written)
+    dump_failed_at: float = 0.0  # when this rank's last attempt at last words failed
 
 
 # Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.

@@ -22,6 +22,11 @@ Commands (:func:`parse_command` checks them; extra fields are ignored):
     of the new group where this rank's state differs from it, check that every rank agrees,
     and continue by running step ``k`` (the first step not committed by ``s``).
 
+``{"op": "dump", "seq": n}``
+    Last words: a rank stopped at a step boundary (waiting for its next command) writes its
+    committed state as a checkpoint of the whole job, alone and atomically, then goes on
+    waiting (a stop or a rejoin follows).
+
 This module imports the standard library only: the agent uses it without torch.
 """
 
@@ -48,6 +53,7 @@ class Op(StrEnum):
 
     PAUSE = "pause"
     REJOIN = "rejoin"
+    DUMP = "dump"
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,18 @@ class Rejoin:
         return Op.REJOIN
 
 
-Command = Pause | Rejoin
+@dataclass(frozen=True)
+class Dump:
+    """Write the last-words checkpoint of this rank's committed state, then keep waiting."""
+
+    seq: int
+
+    @property
+    def op(self) -> Op:
+        return Op.DUMP
+
+
+Command = Pause | Rejoin | Dump
 
 
 def _int_field(data: Mapping[str, Any], name: str, low: int, high: int | None = None) -> int:
@@ -100,6 +117,8 @@ def parse_command(data: Mapping[str, Any]) -> Command:
     seq = _int_field(data, "seq", 1)
     if op == Op.PAUSE:
         return Pause(seq=seq)
+    if op == Op.DUMP:
+        return Dump(seq=seq)
     if op != Op.REJOIN:
         raise MailboxError(
             f"mailbox command op {op!r} is not one of {', '.join(o.value for o in Op)}"

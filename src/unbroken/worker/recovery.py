@@ -29,6 +29,14 @@ Then, at the boundary, the rank
 5. *redoes* the step: the session yields step ``k`` again; the step's random numbers are the
    same (:mod:`unbroken.worker.steprng`).
 
+While it waits in step 2, a ``dump`` command makes the rank write *last words*: its committed
+state (the state the interrupted step started from) as a checkpoint of the whole job, alone
+(it has left every group) and atomically (:meth:`Checkpointer.save_last_words`), with every
+rank's data position at that step; the heartbeat stamps ``dumped_step``/``dumped_at``, or
+``dump_failed_at`` when it cannot (no checkpoint directory, a suspect or corrupt state, a
+failed write). The rank then goes on waiting: a stop (job- or pod-level rescheduling resumes
+from the last words, at most the interrupted step lost) or a rejoin follows.
+
 A **replacement process** (``UNBROKEN_JOIN=1``) runs the user's script from the top: its
 ``init_process_group`` joins the new generation (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE of
 that generation, ``TORCHELASTIC_USE_AGENT_STORE=True``), its DDP constructor runs the
@@ -73,6 +81,7 @@ from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure
 from unbroken.worker.mailbox import (
     MAILBOX,
     Command,
+    Dump,
     MailboxError,
     MailboxReader,
     Pause,
@@ -161,6 +170,9 @@ class Recovery:
         self._suspect = False
         self._resumed = False
         self._step = -1
+        #: Writes the last words of ``step`` committed steps (set by the session); None:
+        #: this rank cannot (no checkpoint directory).
+        self.last_words: Callable[[int], Path] | None = None
         _wrap_optimizer_step(optimizer, self)
 
     @classmethod
@@ -297,7 +309,7 @@ class Recovery:
         command = self._command if isinstance(self._command, Rejoin) else None
         self._command = None
         if command is None:
-            command = self._wait_for_rejoin(what, should_stop)
+            command = self._wait_for_rejoin(what, should_stop, committed)
             if command is None:
                 return None
         return self._rejoin(command, committed, regroup=True)
@@ -320,7 +332,11 @@ class Recovery:
             )
         return self._rejoin(command, 0, regroup=False)
 
-    def _wait_for_rejoin(self, what: str, should_stop: Callable[[], bool]) -> Rejoin | None:
+    def _wait_for_rejoin(
+        self, what: str, should_stop: Callable[[], bool], committed: int | None = None
+    ) -> Rejoin | None:
+        """Wait for the rejoin command; ``committed``: this rank's committed steps, the state
+        a ``dump`` command saves (None: a replacement process, which has no state to save)."""
         started = time.monotonic()
         deadline = started + self.settings.command_timeout_s
         while True:
@@ -331,6 +347,10 @@ class Recovery:
                 return command
             if isinstance(command, Pause):
                 self._heartbeat(command_seq=command.seq)
+            if isinstance(command, Dump):
+                began = time.monotonic()
+                self._dump(command, committed)
+                deadline += time.monotonic() - began
             if time.monotonic() >= deadline:
                 raise RecoveryFailed(
                     f"rank {self.rank}: {what}; no "
@@ -338,6 +358,30 @@ class Recovery:
                     f"{self.settings.command_timeout_s:.0f} s, giving up"
                 )
             time.sleep(self.settings.poll_interval_s)
+
+    def _dump(self, command: Dump, committed: int | None) -> None:
+        self._heartbeat(command_seq=command.seq)
+        problem = None
+        if committed is None:
+            problem = "a replacement process holds no state yet"
+        elif self._suspect:
+            problem = "its state is suspect (a failed update or a device memory error)"
+        elif self.last_words is None:
+            problem = "it has no checkpoint directory"
+        if problem is None:
+            assert committed is not None and self.last_words is not None
+            try:
+                path = self.last_words(committed)
+            except Exception as e:
+                problem = f"writing them failed: {e}"
+            else:
+                self._heartbeat(dumped_step=committed, dumped_at=time.time())
+                logger.warning(
+                    "rank %d: last words of step %d written to %s", self.rank, committed, path
+                )
+                return
+        self._heartbeat(dump_failed_at=time.time())
+        logger.error("rank %d: no last words: %s", self.rank, problem)
 
     def _leave(self) -> None:
         if self.checkpointer is not None:

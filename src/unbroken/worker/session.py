@@ -277,6 +277,19 @@ class Session:
         self.checkpointer.save_async(self._committed, self.model, self.optimizer, extra)
         self._last_ckpt_step = self._committed
 
+    def _last_words(self, step: int) -> Path:
+        """Write the committed state as the job's checkpoint of ``step``, from this rank
+        alone (see :meth:`Checkpointer.save_last_words`). Every rank's data position is the
+        step; random generators are not in it: with ``seed=`` each step seeds its own."""
+        assert self.checkpointer is not None
+        world = self.env.world_size
+        ranks_extra = {r: {DATA_POS: torch.tensor([step], dtype=torch.int64)} for r in range(world)}
+        path = self.checkpointer.save_last_words(
+            step, self.model, self.optimizer, ranks_extra, world
+        )
+        self._last_ckpt_step = step
+        return path
+
     def _on_saved(self, step: int) -> None:
         if self.heartbeat is not None:
             self.heartbeat.update(ckpt_step=step, ckpt_at=time.time())
@@ -476,6 +489,8 @@ def init(
             generation=env.generation,
             checkpointer=session.checkpointer,
         )
+        if session._recovery is not None and session.checkpointer is not None:
+            session._recovery.last_words = session._last_words
         if heartbeat is not None and session._recovery is not None:
             heartbeat.update(recoverable=int(session._recovery.settings.mailbox is not None))
     except BaseException:

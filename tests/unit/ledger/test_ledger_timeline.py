@@ -63,6 +63,7 @@ def test_rescheduling_incident_phases_mttr_and_recomputed_steps() -> None:
     expected = {
         "detect": 0.4,
         "decide": 0.1,
+        "last_words": None,
         "stop": 0.5,
         "place": 0.3,
         "processes": 1.7,
@@ -76,6 +77,27 @@ def test_rescheduling_incident_phases_mttr_and_recomputed_steps() -> None:
     assert inc.mttr_s == pytest.approx(4.0)
     assert inc.steps_recomputed == 10
     assert inc.phases[-1].ended_at == 104.0
+
+
+def test_last_words_are_a_phase_and_the_resumed_step_is_theirs() -> None:
+    """A dump: the last words of step 110 are saved before the pods stop, and the job resumes
+    there, so nothing is recomputed; a periodic checkpoint is not a phase."""
+    (inc,) = incidents(
+        _records(
+            (100.4, "FaultDetected", _fault("f-1", 100.0, step=110)),
+            (100.5, "DecisionMade", {"fault_id": "f-1", "strategy": "pod-rescheduling"}),
+            (100.6, "CheckpointSaved", {"step": 100, "path": "", "duration_s": 0.1}),
+            (100.9, "CheckpointSaved", {"step": 110, "duration_s": 0.3, "last_words": True}),
+            (101.0, "PodsStopped", {"pods": ["w-1"]}),
+            (103.7, "StateLoaded", {"generation": 1, "step": 110, "source": "checkpoint"}),
+            (104.0, "FirstStepCommitted", {"generation": 1, "step": 111}),
+            (104.1, "RecoveryCompleted", {"fault_id": "f-1"}),
+        )
+    )
+    assert inc.duration_s("last_words") == pytest.approx(0.4)
+    assert inc.duration_s("stop") == pytest.approx(0.1)
+    assert inc.steps_recomputed == 0
+    assert sum(p.duration_s or 0.0 for p in inc.phases) == pytest.approx(inc.mttr_s)
 
 
 def test_online_recovery_has_no_stop_or_place_phase() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from unbroken.worker.mailbox import (
+    Dump,
     MailboxError,
     MailboxReader,
     MailboxWriter,
@@ -70,6 +71,16 @@ def test_the_newest_command_supersedes_unread_ones(tmp_path: Path) -> None:
     assert parse_command(command).op is Op.PAUSE
 
 
+def test_a_dump_command_asks_for_last_words(tmp_path: Path) -> None:
+    writer = MailboxWriter(tmp_path / "mb")
+    reader = MailboxReader(tmp_path / "mb")
+    writer.post({"op": "pause"})
+    assert writer.post({"op": "dump"}) == 2
+    command = reader.poll()
+    assert command is not None and parse_command(command) == Dump(seq=2)
+    assert parse_command(command).op is Op.DUMP
+
+
 def test_a_reader_skips_a_command_older_than_itself_unless_told_not_to(tmp_path: Path) -> None:
     path = tmp_path / "mb"
     MailboxWriter(path).post(REJOIN)
@@ -102,7 +113,7 @@ def test_posting_leaves_no_temporary_file_and_the_file_is_one_json_object(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"op": "resume"}, "mailbox command op 'resume' is not one of pause, rejoin"),
+        ({"op": "resume"}, "mailbox command op 'resume' is not one of pause, rejoin, dump"),
         ({"rank": 4}, "mailbox command field rank=4 is not in 0..3"),
         ({"source": -1}, "mailbox command field source=-1 is not in 0..3"),
         ({"master_port": 70000}, "mailbox command field master_port=70000 is not in 1..65535"),
