@@ -151,6 +151,6 @@ def test_last_words_that_cannot_be_written_leave_nothing_behind(tmp_path: Path) 
     model, opt = _model_and_optimizer(0)
     (tmp_path / "file").write_text("not a directory")
     ckpt = Checkpointer(tmp_path / "file" / "ckpt")
-    with pytest.raises(CheckpointError, match="saving last words of step 3 to .*file/ckpt"):
+    with pytest.raises(CheckpointError, match=r"saving last words of step 3 to .*file/ckpt"):
         ckpt.save_last_words(3, model, opt, {0: {}}, world_size=1)
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
