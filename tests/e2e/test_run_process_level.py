@@ -8,6 +8,7 @@ fault, the next rung of the decision table does."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from cli_runs import (
     FIXTURES,
+    TRAIN_SCRIPT,
     Reference,
     assert_no_processes_left,
     digest,
@@ -22,6 +24,7 @@ from cli_runs import (
     of_kind,
     run_job,
     status,
+    unbroken,
 )
 from process_helpers import (
     rank_pids,
@@ -37,6 +40,8 @@ pytestmark = pytest.mark.e2e
 IN_PLACE = FIXTURES / "process-recover-in-place.yaml"
 RECOVER = FIXTURES / "process-recover.yaml"
 NO_SPARE = FIXTURES / "process-cluster-no-spare.yaml"
+DUMP = FIXTURES / "process-dump.yaml"
+DUMP_MASTER, DUMP_WORKER = "e2e-dump-master-0", "e2e-dump-worker-0"
 RANKS = [0, 1, 2, 3]
 IN_PLACE_MASTER, IN_PLACE_WORKER = "e2e-inplace-master-0", "e2e-inplace-worker-0"
 RECOVER_MASTER, RECOVER_WORKER = "e2e-recover-master-0", "e2e-recover-worker-0"
@@ -275,3 +280,79 @@ def test_lost_node_without_a_spare_node_falls_to_job_level_rescheduling(
     for kind in ("PodPlaced", "ProcessesStarted", "StateLoaded", "RecoveryCompleted"):
         assert kind not in kinds, kinds
     assert kinds[-1] == "JobFailed", kinds
+
+
+def dump_only_job(tmp_path: Path) -> Path:
+    """The dump fixture with ``recover-strategy: "dump"`` alone."""
+    text = DUMP.read_text()
+    old = 'recover-strategy: "recover,dump"'
+    assert old in text
+    text = text.replace(old, 'recover-strategy: "dump"')
+    text = text.replace("../../../examples/train_mlp.py", str(TRAIN_SCRIPT))
+    path = tmp_path / "dump-only.yaml"
+    path.write_text(text)
+    return path
+
+
+def last_words_of(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in of_kind(evs, "CheckpointSaved") if e.get("last_words")]
+
+
+def test_killed_rank_under_dump_resumes_from_the_last_words(
+    run_dir: Path, reference: Reference, tmp_path: Path
+) -> None:
+    """``dump``: rank 3 dies before step 25; a healthy replica, stopped at the step boundary,
+    saves step 25 as the job's checkpoint before anything restarts, and the ranks restart in
+    their pods from it (row L6 after the dump of row L5's rule): no step is trained twice,
+    though the newest periodic checkpoint is step 20."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-rank.yaml", job=dump_only_job(tmp_path))
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-dump", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    decision = incident[1]
+    assert decision["kind"] == "DecisionMade", decision
+    assert decision["commands"][0].startswith("DumpLastWords("), decision
+    assert "last words, then in-pod restart" in decision["reason"], decision
+    (saved,) = last_words_of(incident)
+    assert saved["step"] == 25, saved
+    kinds = [e["kind"] for e in incident]
+    # The last words are committed before any process starts again.
+    assert kinds.index("CheckpointSaved") < kinds.index("ProcessesStarted"), kinds
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 25, "checkpoint")
+    assert recomputed_steps(run_dir) == 0
+    assert result_of(run_dir)["start_step"] == 25, result_of(run_dir)
+    res = unbroken("events", run_dir, "--incidents")
+    assert re.search(r"^  last_words\s+\d+\.\d+ s$", res.stdout, re.MULTILINE), res.stdout
+
+
+def test_lost_node_without_a_spare_node_falls_to_dump_then_job_level(run_dir: Path) -> None:
+    """``recover,dump`` with no free node: ``recover`` cannot place the lost node's pod, so the
+    healthy pod's replica saves the interrupted step (``dump``) and the job falls to job-level
+    rescheduling, which cannot hold the job on the node left and fails with the reason. The
+    last words stay behind: a good checkpoint of the whole job (world size 4) at the step
+    the healthy ranks had committed, newer than every periodic one."""
+    res = run_job(run_dir, "--cluster", NO_SPARE, "--chaos", FIXTURES / "kill-node.yaml", job=DUMP)
+    assert res.rc == 1, res.explain()
+    assert "the nodes left cannot hold the job" in res.stderr, res.explain()
+
+    evs = events(run_dir)
+    _, after = split_at_fault(evs)
+    fault, decision = after[0], after[1]
+    assert fault["source"] == "node-lost" and fault["nodes"] == ["node-1"], fault
+    assert decision["strategy"] == "job-rescheduling", decision
+    assert "recover: no spare node free and the pod is not schedulable" in decision["reason"]
+    assert "last words, then job-level rescheduling" in decision["reason"], decision
+    assert decision["commands"][0].startswith("DumpLastWords("), decision
+    (saved,) = last_words_of(after)
+    assert saved["step"] >= 25, saved
+    kinds = [e["kind"] for e in after]
+    assert kinds.index("CheckpointSaved") < kinds.index("PodsStopped") < kinds.index("JobFailed")
+    manifest = json.loads(
+        (run_dir / "checkpoints" / f"step_{saved['step']:08d}" / "MANIFEST.json").read_text()
+    )
+    assert (manifest["step"], manifest["world_size"]) == (saved["step"], 4), manifest
+    newest = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_????????"))
+    assert newest == saved["step"]
