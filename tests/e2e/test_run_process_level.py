@@ -41,6 +41,8 @@ IN_PLACE = FIXTURES / "process-recover-in-place.yaml"
 RECOVER = FIXTURES / "process-recover.yaml"
 NO_SPARE = FIXTURES / "process-cluster-no-spare.yaml"
 DUMP = FIXTURES / "process-dump.yaml"
+RETRY = FIXTURES / "process-retry.yaml"
+RETRY_MASTER, RETRY_WORKER = "e2e-retry-master-0", "e2e-retry-worker-0"
 DUMP_MASTER, DUMP_WORKER = "e2e-dump-master-0", "e2e-dump-worker-0"
 RANKS = [0, 1, 2, 3]
 IN_PLACE_MASTER, IN_PLACE_WORKER = "e2e-inplace-master-0", "e2e-inplace-worker-0"
@@ -200,6 +202,107 @@ def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
         RECOVER_MASTER: "node-0",
         RECOVER_WORKER: "node-2",
     }
+
+
+def test_device_memory_error_is_retried_online_in_the_same_processes(
+    run_dir: Path, reference: Reference
+) -> None:
+    """``retry``: rank 2's memory is corrupted at step 25; no process restarts, every rank
+    rejoins a new generation, rank 2 is repaired from a healthy replica and the step redone."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "memory-rank.yaml", job=RETRY)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-retry", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    fault = incident[0]
+    assert fault["source"] == "device-memory" and fault["ranks"] == [2], fault
+    assert fault["pods"] == [RETRY_WORKER] and fault["step"] == 25, fault
+    decision = incident[1]
+    assert decision["strategy"] == "retry", decision
+    assert decision["commands"] == ["RetryOnline(ranks=(2,))"], decision
+    assert [e["kind"] for e in incident] == IN_PROCESS_PHASES, incident
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 25, "replica")
+    assert recomputed_steps(run_dir) == 0
+    assert_only_replaced_ranks_restarted(evs, run_dir, replaced=[])
+
+
+def test_a_retry_that_fails_falls_to_recover(run_dir: Path, reference: Reference) -> None:
+    """The memory error strikes again when rank 2 redoes step 25 after the retry: the second
+    fault joins the incident, which goes strictly below ``retry``; ``recover-in-place`` takes
+    process exits only, so ``recover`` moves rank 2's pod and its new ranks take the state of
+    the healthy pod, whose processes never restart."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "memory-rank-twice.yaml", job=RETRY)
+    assert res.rc == 0, res.explain()
+    assert "job e2e-retry: SUCCEEDED" in res.stdout, res.explain()
+    assert "step 60/60; 2 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == reference.digest
+
+    evs = events(run_dir)
+    faults = of_kind(evs, "FaultDetected")
+    assert [(f["source"], f["ranks"]) for f in faults] == [("device-memory", [2])] * 2, faults
+    decisions = of_kind(evs, "DecisionMade")
+    assert [d["strategy"] for d in decisions] == ["retry", "recover"], decisions
+    assert decisions[1]["commands"][0].startswith(f"RecoverOnSpare(pod='{RETRY_WORKER}'")
+    (done,) = of_kind(evs, "RecoveryCompleted")
+    assert done["strategy"] == "recover", done
+    assert recomputed_steps(run_dir) == 0
+    at = next(i for i, e in enumerate(evs) if e["id"] == faults[0]["id"])
+    assert started_ranks(evs[at:]) == [2, 3], of_kind(evs[at:], "ProcessesStarted")
+    old, final = rank_pids(evs[:at]), rank_pids(evs)
+    assert (final[0], final[1]) == (old[0], old[1]), (old, final)
+
+
+def test_a_second_fault_during_recovery_falls_to_the_next_rung(
+    run_dir: Path, reference: Reference
+) -> None:
+    """Rank 3 is killed at step 25, and its replacement is killed too as it redoes the step,
+    before the recovery committed anything: the incident goes below ``recover-in-place`` to
+    the exit path, an in-pod restart from the checkpoint of step 20, and still ends with the
+    fault-free model."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-rank-twice.yaml", job=IN_PLACE)
+    assert res.rc == 0, res.explain()
+    assert "job e2e-inplace: SUCCEEDED" in res.stdout, res.explain()
+    assert "step 60/60; 2 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == reference.digest
+
+    evs = events(run_dir)
+    faults = of_kind(evs, "FaultDetected")
+    assert [(f["code"], f["ranks"]) for f in faults] == [("signal:SIGKILL", [3])] * 2, faults
+    decisions = of_kind(evs, "DecisionMade")
+    assert [d["strategy"] for d in decisions] == ["recover-in-place", "process-restart"]
+    assert "during recover-in-place" in decisions[1]["reason"], decisions[1]
+    (done,) = of_kind(evs, "RecoveryCompleted")
+    assert done["strategy"] == "process-restart", done
+    loaded = of_kind(evs, "StateLoaded")[-1]
+    assert (loaded["step"], loaded["source"]) == (20, "checkpoint"), loaded
+    assert recomputed_steps(run_dir) == 25 - 20
+
+
+def test_a_fault_during_a_checkpoint_save_loses_nothing(
+    run_dir: Path, reference: Reference
+) -> None:
+    """Rank 3 dies right after every rank started the asynchronous checkpoint of step 20: the
+    healthy ranks abandon the save stuck on the dead peer, recover in place from a replica,
+    and every checkpoint directory left behind is whole (manifest last) or absent."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-rank-during-save.yaml", job=IN_PLACE)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-inplace", run_dir, reference)
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    assert incident[0]["step"] == 20 and incident[1]["strategy"] == "recover-in-place"
+    loaded = of_kind(incident, "StateLoaded")[0]
+    assert (loaded["step"], loaded["source"]) == (20, "replica"), loaded
+    assert recomputed_steps(run_dir) == 0
+    dirs = sorted((run_dir / "checkpoints").glob("step_????????"))
+    assert dirs, "no checkpoint at all"
+    for d in dirs:
+        manifest = json.loads((d / "MANIFEST.json").read_text())
+        assert manifest["world_size"] == 4 and d.name == f"step_{manifest['step']:08d}"
+        for f in manifest["files"]:
+            assert (d / f["path"]).stat().st_size == f["size"], (d, f)
 
 
 def test_hang_is_not_recovered_in_place_and_falls_to_in_pod_restart(

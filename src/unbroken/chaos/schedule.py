@@ -11,7 +11,9 @@ faults:
 ```
 
 Rank faults keyed by step fire inside the rank itself, exactly at that step (keyed by
-``(rank, step)``, each fault at most once per run even when the step is replayed); everything
+``(rank, step)``, each fault at most once per run even when the step is replayed; entries for
+the same rank and step fire on successive runs of that step, in file order, as a fault that
+strikes again when the step is redone after a recovery); everything
 else is fired from outside by the control plane (signals by pid, device codes through the ``sim``
 provider). A kind, rank, pod or node that the job does not have is an error naming the entry.
 """

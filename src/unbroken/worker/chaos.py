@@ -53,7 +53,9 @@ class _Entry:
 class RankChaos:
     def __init__(self, rank: int, entries: tuple[_Entry, ...], fired_dir: Path | None) -> None:
         self.rank = rank
-        self.entries = {e.at_step: e for e in entries}
+        self.entries: dict[int, list[_Entry]] = {}
+        for e in entries:
+            self.entries.setdefault(e.at_step, []).append(e)
         self.fired_dir = fired_dir
         self.memory_armed = False  # SIGUSR2: a memory error in the next step
 
@@ -81,8 +83,10 @@ class RankChaos:
             self.memory_armed = False
             _memory_error(self.rank, step, model, fail_step)
             return
-        entry = self.entries.get(step)
-        if entry is None or not self._claim(entry):
+        # Entries for the same step fire one per run of it, in file order: a fault that
+        # strikes again when the step is redone after a recovery.
+        entry = next((e for e in self.entries.get(step, ()) if self._claim(e)), None)
+        if entry is None:
             return
         if entry.kind == "memory":
             _memory_error(self.rank, step, model, fail_step)
