@@ -20,6 +20,10 @@ unbroken-recover   ``bench/jobs/recover.yaml`` (grace, pod-rescheduling on, reco
 unbroken-retry     ``bench/jobs/retry.yaml`` (grace, recover-strategy retry), with a different
                    fault: a device memory error in rank 3 (``{kind: memory}``), the fault retry
                    is for (a SIGKILLed rank has no process to retry in); no process restarts
+unbroken-dump      ``bench/jobs/dump.yaml`` (grace, pod-rescheduling on, recover-strategy
+                   dump): a healthy replica writes the interrupted step's state as the job's
+                   checkpoint (last words), then the faulty pod is rescheduled and every rank
+                   resumes from it rather than from the newest periodic checkpoint
 torchrun           two ``torchrun --max-restarts 3 --monitor-interval 1`` agents joined by a
                    c10d rendezvous on 127.0.0.1, torch's defaults
 torchrun-nss       the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the workaround for
@@ -120,6 +124,7 @@ CONFIGS: tuple[Config, ...] = (
         "retry.yaml",
         fault="memory",
     ),
+    Config("unbroken-dump", "Unbroken dump, then pod-level", "unbroken", "dump.yaml"),
     Config("torchrun", "torchrun (defaults)", "torchrun"),
     Config(
         "torchrun-nss",
