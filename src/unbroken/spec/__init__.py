@@ -22,11 +22,36 @@ Decisions a user should know (details in each module's docstring):
   ``python -m torch.distributed.launch`` (use ``torchrun``).
 """
 
-from unbroken.spec.cluster import ClusterSpec, DevicePlugin, HotReset, load_cluster
-from unbroken.spec.job import JobKind, JobSpec, load_job, parse_job
-from unbroken.spec.launcher import LauncherArgs, LauncherKind
-from unbroken.spec.problems import Problem, SpecError
-from unbroken.spec.replicas import Port, ReplicaSpec, ReplicaType
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from unbroken.spec.cluster import ClusterSpec, DevicePlugin, HotReset, load_cluster
+    from unbroken.spec.job import JobKind, JobSpec, load_job, parse_job
+    from unbroken.spec.launcher import LauncherArgs, LauncherKind
+    from unbroken.spec.problems import Problem, SpecError
+    from unbroken.spec.replicas import Port, ReplicaSpec, ReplicaType
+
+# Loaded on first use: a training process imports the pure knob parsers
+# (``unbroken.spec.envknobs``, ``unbroken.spec.knobs``) without the YAML loader behind these.
+_LAZY = {
+    "ClusterSpec": "unbroken.spec.cluster",
+    "DevicePlugin": "unbroken.spec.cluster",
+    "HotReset": "unbroken.spec.cluster",
+    "load_cluster": "unbroken.spec.cluster",
+    "JobKind": "unbroken.spec.job",
+    "JobSpec": "unbroken.spec.job",
+    "load_job": "unbroken.spec.job",
+    "parse_job": "unbroken.spec.job",
+    "LauncherArgs": "unbroken.spec.launcher",
+    "LauncherKind": "unbroken.spec.launcher",
+    "Problem": "unbroken.spec.problems",
+    "SpecError": "unbroken.spec.problems",
+    "Port": "unbroken.spec.replicas",
+    "ReplicaSpec": "unbroken.spec.replicas",
+    "ReplicaType": "unbroken.spec.replicas",
+}
 
 __all__ = [
     "ClusterSpec",
@@ -45,3 +70,11 @@ __all__ = [
     "load_job",
     "parse_job",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
