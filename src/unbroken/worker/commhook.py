@@ -34,18 +34,28 @@ therefore stays local: every rank must use the same parameters in a step (a para
 one rank but used on another would keep that rank's gradient unset). The session refuses DDP
 configurations that need DDP's own group for more (buffer broadcasts before each forward,
 mixed precision, delayed all-reduce).
+
+*Op retry* (:mod:`unbroken.worker.opretry`, on when the job enables ``HCCL_OP_RETRY_ENABLE``
+for the gradient group's level): the hook keeps a copy of every buffer (fixed buckets) or
+gradient (per parameter) it all-reduces, and hands DDP its futures only at the last bucket,
+after every all-reduce of the step succeeded, on the autograd thread; a failed one is
+re-executed over a new group from the copies, and the step goes on. Without op retry none of
+this runs: no copies, and the hot path is the one described above.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket
+from torch._C._distributed_c10d import GradBucket, ProcessGroupGloo
 from torch.nn.parallel import DistributedDataParallel
+
+from unbroken.worker.opretry import OpRetrier
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +100,11 @@ class GradSync:
         self.failure: SyncFailure | None = None
         #: Whether DDP's bucket layout never changes (see the module doc).
         self.fixed_buckets = bool(ddp.find_unused_parameters and not ddp.static_graph)
+        #: Re-executes a failed all-reduce (None: op retry is off).
+        self.op_retry: OpRetrier | None = None
+        #: With op retry: the hook's own gradient group (see :mod:`unbroken.worker.opretry`).
+        self.own: ProcessGroupGloo | None = None
+        self.step = -1
         self._reset_round()
 
     @classmethod
@@ -115,16 +130,33 @@ class GradSync:
         self.ddp._update_process_group(solo)  # type: ignore[no-untyped-call]
         self._reset_round()
 
+    def use_op_retry(self, retrier: OpRetrier, generation: int) -> None:
+        """Re-execute failed all-reduces from now on, over a group of the hook's own
+        (collective: every rank calls it, after every :meth:`attach` too)."""
+        self.op_retry = retrier
+        self.own = None
+        gc.collect()
+        self.own = retrier.group(generation, "0")
+
+    def barrier(self) -> None:
+        """A barrier over the group the hook reduces over (an op retry replaced it)."""
+        if self.own is not None:
+            self.own.barrier().wait()  # type: ignore[attr-defined]
+        else:
+            dist.barrier(group=self.group)
+
     def detach(self) -> None:
         """Let go of the process group (a gloo group closes its connections only when the
         last reference to it is gone): peers blocked in a collective with this rank then fail
         at once. Collectives fail until :meth:`attach`."""
         self.group = None
+        self.own = None
         self._reset_round()
 
-    def begin_step(self) -> None:
+    def begin_step(self, step: int = -1) -> None:
         """Forget the previous step's failure and any round a raised exception cut short."""
         self.failure = None
+        self.step = step
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -132,6 +164,10 @@ class GradSync:
         self._ready: dict[int, torch.Tensor] = {}
         self._next = 0  # position in the fixed order of the next gradient to reduce
         self._works: list[tuple[dist.Work, torch.Tensor]] = []
+        # Op retry only: each reduced tensor with a copy of its input, in launch order, and
+        # the first error of launching one.
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._launch_error: Exception | None = None
 
     def _launch_ready(self) -> None:
         # Fixed order: parameter indices from last to first.
@@ -140,14 +176,34 @@ class GradSync:
             grad = self._ready.get(index)
             if grad is None:
                 return
+            self._next += 1
+            if self.op_retry is not None:
+                self._launch_saved(grad)
+                continue
             if self.group is None:
                 raise RuntimeError("no process group: this rank left it")
             work = dist.all_reduce(grad, group=self.group, async_op=True)
             assert work is not None
             self._works.append((work, grad))
-            self._next += 1
+
+    def _launch_saved(self, tensor: torch.Tensor) -> None:
+        """Op retry: keep a copy of the input, then all-reduce (once a launch failed, the
+        rest waits for the re-execution)."""
+        self._saved.append((tensor, tensor.clone()))
+        if self._launch_error is not None:
+            return
+        try:
+            if self.own is None:
+                raise RuntimeError("no process group: this rank left it")
+            work = self.own.allreduce([tensor])  # type: ignore[attr-defined]
+        except Exception as e:
+            self._launch_error = e.with_traceback(None)
+        else:
+            self._works.append((work, tensor))
 
     def _on_bucket(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if self.op_retry is not None:
+            return self._reduce_retrying(bucket)
         if self.fixed_buckets:
             return self._reduce_buffer(bucket)
         return self._reduce_parameters(bucket)
@@ -202,6 +258,50 @@ class GradSync:
             self._complete(zero=False)
         return future
 
+    def _reduce_retrying(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Op retry: launch now, complete every future at the last bucket, once the step's
+        all-reduces succeeded (re-executed if one failed)."""
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._pending.append((future, bucket))
+        if self.failure is None:
+            try:
+                if self.fixed_buckets:
+                    self._launch_saved(bucket.buffer())
+                else:
+                    for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                        self._ready[self._index[id(param)]] = grad
+                    self._launch_ready()
+                if bucket.is_last():
+                    if not self.fixed_buckets and self._next < self._count:
+                        raise RuntimeError(
+                            f"{self._count - self._next} of {self._count} gradients never "
+                            "reached the communication hook"
+                        )
+                    self._finish_retrying()
+            except Exception as e:
+                self._fail(e)
+        if self.failure is not None:
+            self._complete(zero=True)
+        elif bucket.is_last():
+            self._complete(zero=False)
+        return future
+
+    def _finish_retrying(self) -> None:
+        assert self.op_retry is not None
+        # Wait for every one (they all write into the buffers), keeping no reference to a
+        # work: each holds its group, whose links must close when the hook drops it.
+        error = _wait_all([work for work, _ in self._works]) or self._launch_error
+        self._works = []
+        saved, self._saved = self._saved, []
+        tensors = [tensor for tensor, _ in saved]
+        if error is not None:
+            self._launch_error = None
+            self.own = None  # the broken group's links close with its last reference
+            self.own = self.op_retry.reexecute(
+                tensors, [copy for _, copy in saved], error, self.step
+            )
+        torch._foreach_div_(tensors, float(self.world_size))
+
     def _finish(self) -> None:
         works, self._works = self._works, []
         try:
@@ -237,6 +337,19 @@ class GradSync:
             future.set_result(buffer)
         if not zero:
             self._reset_round()
+
+
+def _wait_all(works: list[dist.Work]) -> Exception | None:
+    """Wait for every work; the first error (None: all succeeded)."""
+    error: Exception | None = None
+    for work in works:
+        try:
+            work.wait()
+        except Exception as e:
+            # Without its traceback: the frames it holds would keep the work, and its group.
+            error = error or e.with_traceback(None)
+    works.clear()
+    return error
 
 
 def _drain(works: list[tuple[dist.Work, torch.Tensor]]) -> None:

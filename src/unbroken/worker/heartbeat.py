@@ -78,6 +78,19 @@ class StepFailure(IntEnum):
     DEVICE_MEMORY = 3  # an uncorrectable device memory error: the rank's state is corrupt
 
 
+def pack_op_retry(step: int, attempt: int, level: int) -> int:
+    """``op_retry_last``: ``step * 1000 + attempt * 10 + level`` (attempt 1-10, level 0-2), so
+    the number reads as it is written: 12011 is step 12, attempt 1, level L1."""
+    if step < 0 or not 1 <= attempt <= 99 or not 0 <= level <= 9:
+        raise ValueError(f"cannot pack op retry step {step}, attempt {attempt}, level {level}")
+    return step * 1000 + attempt * 10 + level
+
+
+def unpack_op_retry(value: int) -> tuple[int, int, int]:
+    """(step, attempt, level) of an ``op_retry_last`` value."""
+    return value // 1000, value % 1000 // 10, value % 10
+
+
 class HeartbeatFormatError(ValueError):
     """A heartbeat file that is not a record of this format (wrong magic, version or size)."""
 
@@ -111,6 +124,10 @@ class HeartbeatRecord:
     command_seq: int = 0  # the last mailbox command this process acted on
     recoverable: int = 0  # 1: this rank can regroup and be repaired in process (has a mailbox)
     failure: int = 0  # why ``failed_step`` failed: a :class:`StepFailure` code
+    # Op retry (in version 2's reserved padding: a record by an older writer reads zeros):
+    op_retries: int = 0  # gradient all-reduces re-executed successfully by this process
+    op_retry_at: float = 0.0  # when the last re-execution succeeded
+    op_retry_last: int = 0  # the last one's step, attempt and level: see :func:`pack_op_retry`
     # Last words (``dump``):
     dumped_step: int = -1  # the step of the last-words checkpoint this rank wrote; -1: none
     dumped_at: float = 0.0  # when it was committed (its manifest written)

@@ -77,7 +77,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.checkpointer import Checkpointer
 from unbroken.worker.commhook import GradSync, SyncFailure, unsupported_reason
-from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure
+from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure, pack_op_retry
 from unbroken.worker.mailbox import (
     MAILBOX,
     Command,
@@ -87,6 +87,12 @@ from unbroken.worker.mailbox import (
     Pause,
     Rejoin,
     parse_command,
+)
+from unbroken.worker.opretry import (
+    OpRetrier,
+    OpRetryDone,
+    OpRetrySettings,
+    op_retry_from_environ,
 )
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.steprng import StepRng
@@ -113,6 +119,7 @@ class RecoverySettings:
     comm_timeout_s: float = 30.0
     ckpt_timeout_s: float = 600.0
     poll_interval_s: float = 0.02
+    op_retry: OpRetrySettings | None = None  # HCCL_OP_RETRY_*: None when off for this group
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **values: Any) -> RecoverySettings:
@@ -132,6 +139,7 @@ class RecoverySettings:
             join=join,
             master_addr=environ.get("MASTER_ADDR", ""),
             master_port=int(port_raw) if port_raw.isdigit() else 0,
+            op_retry=op_retry_from_environ(environ),
             **values,
         )
 
@@ -160,6 +168,17 @@ class Recovery:
         self.recoveries = 0
         _set_timeout(settings.comm_timeout_s)
         self.sync = GradSync.install(ddp, _default_group())
+        if settings.op_retry is not None:
+            retrier = OpRetrier(
+                settings.op_retry,
+                timeout_s=settings.comm_timeout_s,
+                generation=lambda: self.generation,
+                interrupted=self._command_arrived,
+                regroup=self._regroup_checkpoints,
+                report=self._op_retried,
+                poll_interval_s=settings.poll_interval_s,
+            )
+            self.sync.use_op_retry(retrier, generation)
         self._reader = (
             MailboxReader(settings.mailbox, skip_existing=not settings.join)
             if settings.mailbox is not None
@@ -230,7 +249,7 @@ class Recovery:
     def begin_step(self, step: int) -> None:
         self._step = step
         self._update_failure = None
-        self.sync.begin_step()
+        self.sync.begin_step(step)
         self.rng.begin(step, self.rank)
         if self._resumed:
             self._resumed = False
@@ -253,6 +272,43 @@ class Recovery:
             return None if data is None else parse_command(data)
         except MailboxError as e:
             raise RecoveryFailed(f"rank {self.rank}: bad recovery command: {e}") from e
+
+    # -- op retry (inside a step's backward, on the autograd thread) -------------------------
+
+    def _command_arrived(self) -> bool:
+        """Whether a recovery command arrived (kept for the step boundary)."""
+        if self._reader is None:
+            return False
+        if self._command is None:
+            self._command = self._next_command()
+        return self._command is not None
+
+    def _regroup_checkpoints(self) -> None:
+        """A new checkpoint group for an op retry: the fault broke the old one's links too."""
+        if self.checkpointer is None:
+            return
+        self.checkpointer.abandon(wait_s=0.5)  # a save in flight may wait on a broken link
+        old, self.checkpointer.pg = self.checkpointer.pg, None
+        if old is not None:
+            try:  # unregistered, it closes its links with its last reference
+                dist.destroy_process_group(old)
+            except Exception as e:
+                logger.debug("releasing the old checkpoint group: %s", e)
+            del old
+        group = dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=self.settings.ckpt_timeout_s)
+        )
+        self.checkpointer.pg = group
+        self.checkpointer.rank = dist.get_rank(group)
+        self.checkpointer.world_size = dist.get_world_size(group)
+
+    def _op_retried(self, done: OpRetryDone) -> None:
+        assert self.sync.op_retry is not None
+        self._heartbeat(
+            op_retries=self.sync.op_retry.done,
+            op_retry_at=done.at,
+            op_retry_last=pack_op_retry(done.step, done.attempt, int(done.level.value[1:])),
+        )
 
     def _failure_code(self) -> StepFailure:
         failure = self.failure
@@ -501,6 +557,8 @@ class Recovery:
             self.checkpointer.rank = dist.get_rank(group)
             self.checkpointer.world_size = dist.get_world_size(group)
         self.sync.attach(_default_group())
+        if self.sync.op_retry is not None:
+            self.sync.use_op_retry(self.sync.op_retry, command.generation)
 
     def _replay_ddp_init(self) -> None:
         """The collectives ``DistributedDataParallel(module)`` runs on the default group, so

@@ -46,6 +46,7 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
 from unbroken.worker import rng
@@ -228,7 +229,7 @@ class Session:
             self._rng.begin(step, self.rank)
         if self._chaos is not None:  # after begin_step, which forgets the last step's failure
             fail = self._recovery.sync.fail_step if self._recovery is not None else None
-            self._chaos.before_step(step, self.model, fail)
+            self._chaos.before_step(step, self.model, fail, _store_ports())
         self._step_began = time.monotonic()
         if self.heartbeat is not None:
             if self._first_commit:
@@ -335,7 +336,11 @@ class Session:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
             if dist.is_initialized():
-                dist.barrier()
+                if self._recovery is not None:
+                    # The hook's group: an op retry replaced it, and left the default broken.
+                    self._recovery.sync.barrier()
+                else:
+                    dist.barrier()
             if self.heartbeat is not None:
                 self.heartbeat.update(phase=Phase.DONE)
             if destroy_process_group and dist.is_initialized():
@@ -393,6 +398,19 @@ class Session:
             self.close()
         elif not isinstance(exc, TrainingStopped):
             self._fail()
+
+
+def _store_ports() -> list[int]:
+    """The ports of the rendezvous stores this process talks to (MASTER_PORT, and the store
+    of the current generation's default group)."""
+    ports = [int(p) for p in (os.environ.get("MASTER_PORT", ""),) if p.isdigit()]
+    if dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        while isinstance(store, PrefixStore):
+            store = store.underlying_store
+        if isinstance(store, TCPStore):
+            ports.append(store.port)
+    return ports
 
 
 def init(
