@@ -6,6 +6,7 @@ faults:
   - {kind: exception, rank: 1, at_step: 40}     # a Python exception inside rank 1's step 40
   - {kind: hang, rank: 2, after_s: 12}          # SIGSTOP rank 2, 12 s after the job started
   - {kind: memory, rank: 0, at_step: 70}        # a device memory error corrupts rank 0's state
+  - {kind: link, rank: 1, at_step: 30}          # the kernel resets rank 1's links to its peers
   - {kind: node, node: node-1, at_step: 60}     # every process of node-1 dies at once
   - {kind: device, node: node-0, device: 1, code: "80E01801", after_s: 5}
 ```
@@ -14,8 +15,9 @@ Rank faults keyed by step fire inside the rank itself, exactly at that step (key
 ``(rank, step)``, each fault at most once per run even when the step is replayed; entries for
 the same rank and step fire on successive runs of that step, in file order, as a fault that
 strikes again when the step is redone after a recovery); everything
-else is fired from outside by the control plane (signals by pid, device codes through the ``sim``
-provider). A kind, rank, pod or node that the job does not have is an error naming the entry.
+else is fired from outside by the control plane (signals by pid, ``ss -K`` on a rank's links to
+its peers, device codes through the ``sim`` provider). A kind, rank, pod or node that the job
+does not have is an error naming the entry.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class InjectKind(StrEnum):
     EXCEPTION = "exception"  # a Python exception raised in the rank's main thread
     HANG = "hang"  # SIGSTOP a rank
     MEMORY = "memory"  # an uncorrectable device memory error in a rank (state corrupt)
+    LINK = "link"  # the kernel resets a rank's TCP links to its peers (ss -K)
     NODE = "node"  # SIGKILL every process of a node (agents and ranks)
     DEVICE = "device"  # a device health code through the sim provider
 
@@ -63,7 +66,13 @@ class ChaosFault:
         return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
 
 
-_RANK_KINDS = (InjectKind.KILL, InjectKind.EXCEPTION, InjectKind.HANG, InjectKind.MEMORY)
+_RANK_KINDS = (
+    InjectKind.KILL,
+    InjectKind.EXCEPTION,
+    InjectKind.HANG,
+    InjectKind.MEMORY,
+    InjectKind.LINK,
+)
 _FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s"}
 
 

@@ -2,7 +2,8 @@
 
 Kinds: ``kill`` (SIGKILL a rank or every rank of a pod), ``exception`` (a Python exception
 raised in the rank), ``hang`` (SIGSTOP), ``memory`` (a device memory error corrupts the rank's
-state in its next step), ``node`` (every process of a node dies at once),
+state in its next step), ``link`` (the kernel resets the rank's TCP links to its peers, or with
+``--peer P`` only the one to rank P), ``node`` (every process of a node dies at once),
 ``device`` (a device fault code through the ``sim`` health provider).
 """
 
@@ -24,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     target.add_argument("--rank", type=int)
     target.add_argument("--pod")
     target.add_argument("--node")
+    p.add_argument("--peer", type=int, default=None, help="link: only the link to this rank")
     p.add_argument("--device", type=int, default=None)
     p.add_argument("--code", default=None, help="device fault code, e.g. 80E3A201")
     p.add_argument("--clear", action="store_true", help="device: the device reports healthy again")
@@ -43,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
     if kind not in (InjectKind.NODE, InjectKind.DEVICE) and args.node is not None:
         print(f"unbroken inject: {kind} targets --rank or --pod", file=sys.stderr)
         return 2
+    if kind is InjectKind.LINK and args.rank is None:
+        print("unbroken inject: link needs --rank (and optionally --peer)", file=sys.stderr)
+        return 2
+    if args.peer is not None and kind is not InjectKind.LINK:
+        print(f"unbroken inject: --peer is for link faults, not {kind}", file=sys.stderr)
+        return 2
     try:
         control = control_of(find_run(args.run))
     except RunDirError as exc:
@@ -57,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "device": args.device,
         "code": args.code,
         "clear": args.clear,
+        "peer": args.peer,
     }
     try:
         reply = client.call("Inject", body)

@@ -74,6 +74,8 @@ from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
 from unbroken.scheduler import Cluster
 from unbroken.worker.chaos import MEMORY_ERROR_CODE
+from unbroken.worker.heartbeat import unpack_op_retry
+from unbroken.worker.linkfault import LinkFaultError, reset_links
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +344,22 @@ class JobManager:
         for row in body.get("ranks", []):
             view = self.ranks.get(int(row["rank"]))
             if view is not None and view.pid == int(row["pid"]):
+                seen = view.op_retries
                 view.update(row)
+                if view.op_retries > seen and view.op_retry_at > self.generation_began.get(
+                    self.generation, 0.0
+                ):  # a collective re-executed in the rank: no fault for the policy
+                    step, attempt, level = unpack_op_retry(view.op_retry_last)
+                    retry = f"op retry {attempt}/{self.fh.op_retry.max_count}, L{level}"
+                    self.ledger.record_raw(
+                        "OpRetry",
+                        {"rank": view.rank, "step": step, "attempt": attempt, "level": level},
+                        at=view.op_retry_at,
+                    )
+                    self.console.line(
+                        f"rank {view.rank}: gradient all-reduce of step {step} re-executed "
+                        f"({retry}); no recovery needed"
+                    )
 
     def _report(self, body: dict[str, Any]) -> None:
         pod = self._pod_by_pid(body)
@@ -477,6 +494,7 @@ class JobManager:
         self._phases(now)
         self.executor.poll_rejoin(now)
         self.executor.poll_dump(now)
+        self.executor.keep_spares(now)
         self.executor.retry_placement(now)
         self._chaos(now)
         if self.outcome is None:
@@ -739,6 +757,7 @@ class JobManager:
             device=opt_int("device"),
             code=body.get("code"),
             clear=bool(body.get("clear")),
+            peer=opt_int("peer"),
         )
 
     def inject(
@@ -751,11 +770,13 @@ class JobManager:
         device: int | None = None,
         code: str | None = None,
         clear: bool = False,
+        peer: int | None = None,
     ) -> str:
         """Inject a real fault from outside the training processes; returns what was done.
 
         ``clear`` (device only): the device reports healthy again, so it returns to the pool
-        when ``autoStowing`` is on."""
+        when ``autoStowing`` is on. ``peer`` (link only): reset only the link between ``rank``
+        and ``peer``, not all of the rank's links to its peers."""
         at = time.time()
         if kind in (InjectKind.KILL, InjectKind.HANG, InjectKind.EXCEPTION, InjectKind.MEMORY):
             sig = {
@@ -770,6 +791,28 @@ class JobManager:
             detail = f"{kind}: sent {sig.name} to " + ", ".join(
                 f"rank {r} (pid {p})" for r, p in targets
             )
+        elif kind is InjectKind.LINK:
+            if rank is None or pod is not None:
+                raise ValueError("a link fault needs --rank: the rank whose links are reset")
+            ((_r, pid),) = self._rank_targets(rank, None)
+            peers = [r for r in sorted(self.ranks) if r != rank and self.ranks[r].alive]
+            if peer is not None:
+                if peer == rank:
+                    raise ValueError(f"--peer {peer} is the rank itself: a link has two ends")
+                self._rank_targets(peer, None)  # a rank that exists and runs
+                peers = [peer]
+            try:
+                links = reset_links(
+                    pid,
+                    exclude_ports=(self.master_port, self.job.master_port or 0),
+                    peer_pids=[self.ranks[r].pid for r in peers],
+                )
+            except LinkFaultError as exc:
+                raise ValueError(f"link fault on rank {rank}: {exc}") from None
+            detail = (
+                f"link: reset {len(links)} connection(s) between rank {rank} (pid {pid}) and "
+                + (f"rank {peer}" if peer is not None else "its peers")
+            )
         elif kind is InjectKind.NODE:
             if node not in self.cl.nodes:
                 raise ValueError(
@@ -779,6 +822,7 @@ class JobManager:
             for p in self.pods.values():
                 if p.node == node and p.alive:
                     killed += p.kill_all()
+            self.executor.end_spare(node)
             detail = f"node {node} down: SIGKILL to {len(killed)} processes"
         else:
             if node not in self.cl.nodes:

@@ -29,6 +29,9 @@ class RankView:
     state_loaded_at: float = 0.0
     first_commit_at: float = 0.0
     recoverable: bool = False  # the worker can rejoin a new group and be repaired in process
+    op_retries: int = 0  # gradient all-reduces this process re-executed (op retry)
+    op_retry_at: float = 0.0
+    op_retry_last: int = 0  # step, attempt and level (unbroken.worker.heartbeat.pack_op_retry)
     dumped_step: int = -1  # the step of the last words this rank wrote (-1: none)
     dumped_at: float = 0.0
     dump_failed_at: float = 0.0

@@ -6,7 +6,10 @@ committed ``at_step`` steps) the entry fires: ``kill`` sends SIGKILL to the proc
 ``hang`` SIGSTOP, ``exception`` raises :class:`InjectedFault` from the training loop, and
 ``memory`` simulates an uncorrectable device memory error (the seed's HBM UCE): a parameter of
 this rank is corrupted and the step fails with :class:`DeviceMemoryError` before the rank
-shares a gradient, so its state must be repaired from a replica. Each entry
+shares a gradient, so its state must be repaired from a replica; ``link`` has the kernel reset
+the TCP connections between this rank and its peers (never those to the rendezvous store:
+:mod:`unbroken.worker.linkfault`), so the step's collectives fail, or are re-executed by op
+retry (:mod:`unbroken.worker.opretry`). Each entry
 fires at most once per run, whatever the number of restarts that replay the step: the first
 rank to fire creates ``fired-<index>`` in the chaos directory with O_EXCL.
 
@@ -18,14 +21,19 @@ arms a device memory error for the next step (``unbroken inject memory``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 import torch
+
+from unbroken.worker.linkfault import reset_links
+
+logger = logging.getLogger(__name__)
 
 CHAOS = "UNBROKEN_CHAOS"
 CHAOS_DIR = "UNBROKEN_CHAOS_DIR"
@@ -76,9 +84,11 @@ class RankChaos:
         step: int,
         model: torch.nn.Module,
         fail_step: Callable[[Exception], None] | None,
+        store_ports: Iterable[int] = (),
     ) -> None:
         """Fire what is due before step ``step``; ``fail_step`` fails the step in process
-        (None: the rank cannot recover in process)."""
+        (None: the rank cannot recover in process); ``store_ports``: connections a link
+        fault leaves alone (the rendezvous stores)."""
         if self.memory_armed:
             self.memory_armed = False
             _memory_error(self.rank, step, model, fail_step)
@@ -96,6 +106,15 @@ class RankChaos:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif entry.kind == "exception":
             raise InjectedFault(f"injected exception in rank {self.rank} before step {step}")
+        elif entry.kind == "link":
+            links = reset_links(os.getpid(), exclude_ports=store_ports)
+            logger.warning(
+                "rank %d: link fault injected before step %d: %d connection(s) to peers reset (%s)",
+                self.rank,
+                step,
+                len(links),
+                ", ".join(c.describe() for c in links),
+            )
 
     def _claim(self, entry: _Entry) -> bool:
         assert self.fired_dir is not None

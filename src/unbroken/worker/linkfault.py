@@ -1,0 +1,162 @@
+"""A real link fault: the kernel resets the TCP connections between a rank and its peers.
+
+:func:`reset_links` finds a process's TCP sockets (the ``socket:[inode]`` links under
+``/proc/<pid>/fd``, matched with ``/proc/net/tcp`` and ``/proc/net/tcp6``), keeps the
+established connections that are links to peer ranks, and has the kernel destroy each one with
+``ss -K`` on its exact source and destination (root, and a kernel with socket destroy, which
+the usual ones have). The rank's own socket fails with ``ECONNABORTED``, the peer's gets a RST:
+exactly what a broken link does to a gloo pair.
+
+Never touched: listening sockets; connections to or from ``exclude_ports`` (the rendezvous
+store, which a rank sees as ``MASTER_PORT``, and the control plane); and, when the peers'
+pids are given, any connection whose other end is not in a peer's process. Used by
+``unbroken inject link`` (through the job manager, which knows every rank's pid) and by the
+chaos entry ``{kind: link, rank: R, at_step: N}``, fired inside the rank itself. Standard
+library only: the worker imports it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+_ESTABLISHED = "01"
+_PROC = Path("/proc")
+
+
+class LinkFaultError(RuntimeError):
+    """The link fault could not be injected; the message says why."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One established TCP connection, as this host sees it."""
+
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    inode: int
+
+    def describe(self) -> str:
+        return f"{_endpoint(self.local)} -> {_endpoint(self.remote)}"
+
+
+def _endpoint(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _address(hex_address: str) -> tuple[str, int]:
+    """``0100007F:1F90`` (tcp) or a 32-digit tcp6 address -> (host, port)."""
+    host_hex, port_hex = hex_address.split(":")
+    raw = bytes.fromhex(host_hex)
+    # /proc/net/tcp* write the address as 32-bit words in host (little-endian) byte order.
+    packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(packed)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port_hex, 16)
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    fd_dir = _PROC / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except FileNotFoundError:
+        raise LinkFaultError(f"process {pid} does not exist") from None
+    except PermissionError:
+        raise LinkFaultError(f"cannot read {fd_dir}: permission denied") from None
+    inodes: set[int] = set()
+    for name in names:
+        try:
+            target = os.readlink(fd_dir / name)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:[") and target.endswith("]"):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def established(inodes: Collection[int] | None = None) -> list[Connection]:
+    """Established TCP connections (IPv4 and IPv6) of this host, or of these socket inodes."""
+    out: list[Connection] = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (_PROC / "net" / table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _ESTABLISHED:
+                continue
+            inode = int(fields[9])
+            if inode == 0 or (inodes is not None and inode not in inodes):
+                continue
+            out.append(Connection(_address(fields[1]), _address(fields[2]), inode))
+    return out
+
+
+def peer_links(
+    pid: int, *, exclude_ports: Iterable[int] = (), peer_pids: Collection[int] | None = None
+) -> list[Connection]:
+    """The connections of process ``pid`` that are links to peers (see the module doc)."""
+    excluded = {p for p in exclude_ports if p}
+    mine = established(socket_inodes(pid))
+    peer_ends: set[tuple[str, int]] | None = None
+    if peer_pids is not None:
+        inodes: set[int] = set()
+        for peer in peer_pids:
+            inodes |= socket_inodes(peer)
+        peer_ends = {c.local for c in established(inodes)}
+    return [
+        c
+        for c in mine
+        if c.local[1] not in excluded
+        and c.remote[1] not in excluded
+        and (peer_ends is None or c.remote in peer_ends)
+    ]
+
+
+def reset(connections: Iterable[Connection]) -> list[Connection]:
+    """Have the kernel destroy each connection (``ss -K``); returns those it destroyed."""
+    ss = shutil.which("ss")
+    if ss is None:
+        raise LinkFaultError("the ss command (iproute2) is not installed: cannot reset links")
+    done: list[Connection] = []
+    errors: list[str] = []
+    for c in connections:
+        family = "-6" if ":" in c.local[0] else "-4"
+        argv = [ss, "-K", "-H", "-t", family, "state", "established"]
+        argv += ["src", _endpoint(c.local), "dst", _endpoint(c.remote)]
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=10.0)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise LinkFaultError(f"ss -K failed for {c.describe()}: {e}") from None
+        if result.returncode == 0 and result.stdout.strip():
+            done.append(c)
+        else:
+            why = " ".join(result.stderr.split()) or "no socket destroyed"
+            errors.append(f"{c.describe()}: {why} (exit {result.returncode})")
+    if errors and not done:
+        raise LinkFaultError(
+            "ss -K refused to reset the links (it needs root and a kernel with "
+            "CONFIG_INET_DIAG_DESTROY): " + "; ".join(errors)
+        )
+    return done
+
+
+def reset_links(
+    pid: int, *, exclude_ports: Iterable[int] = (), peer_pids: Collection[int] | None = None
+) -> list[Connection]:
+    """Reset the links of process ``pid`` to its peers; raises :class:`LinkFaultError` when
+    there is none or none could be reset."""
+    links = peer_links(pid, exclude_ports=exclude_ports, peer_pids=peer_pids)
+    if not links:
+        scope = "its peers' processes" if peer_pids is not None else "peers"
+        raise LinkFaultError(f"process {pid} has no established TCP connection to {scope}")
+    return reset(links)
