@@ -221,10 +221,17 @@ class Rank:
 class Job:
     """Generations of ranks on one store each; ends every process it started on close."""
 
-    def __init__(self, root: Path, world_size: int, args: Sequence[str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        world_size: int,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.world_size = world_size
         self.args = list(args)
+        self.env = dict(env or {})  # more environment for every rank
         self.generation = -1
         self.store: Any = None
         self._stores: list[Any] = []
@@ -247,6 +254,7 @@ class Job:
     def start(self, rank: int, *, managed: bool = True, join: bool = False) -> Rank:
         gen = self.generation
         env = clean_env()
+        env.update(self.env)
         env.update(
             {
                 "RANK": str(rank),
