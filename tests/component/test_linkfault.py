@@ -1,0 +1,57 @@
+"""The link fault on real sockets: ``ss -K`` resets exactly the connections it should."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from unbroken.worker.linkfault import LinkFaultError, peer_links, reset_links
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("ss") is None or os.geteuid() != 0, reason="needs ss and root (socket destroy)"
+)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket, int]]:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    yield client, accepted, port
+    for s in (client, accepted, server):
+        s.close()
+
+
+def test_the_kernel_resets_both_ends(pair: tuple[socket.socket, socket.socket, int]) -> None:
+    client, _accepted, port = pair
+    mine = peer_links(os.getpid())
+    assert {(c.local[1], c.remote[1]) for c in mine} >= {
+        (client.getsockname()[1], port),
+        (port, client.getsockname()[1]),
+    }
+    reset_links(
+        os.getpid(),
+        exclude_ports=[p.remote[1] for p in mine if port not in (p.local[1], p.remote[1])],
+    )
+    with pytest.raises((ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        client.sendall(b"x")
+        client.recv(1)
+
+
+def test_excluded_ports_are_left_alone(pair: tuple[socket.socket, socket.socket, int]) -> None:
+    client, accepted, port = pair
+    others = [c.remote[1] for c in peer_links(os.getpid()) if port not in (c.local[1], c.remote[1])]
+    with pytest.raises(LinkFaultError, match="no established TCP connection"):
+        reset_links(os.getpid(), exclude_ports=[port, *others])
+    client.sendall(b"ok")
+    assert accepted.recv(2) == b"ok"
+
+
+def test_a_process_that_does_not_exist_is_an_error() -> None:
+    with pytest.raises(LinkFaultError, match="process 999999999 does not exist"):
+        reset_links(999999999)
