@@ -53,6 +53,9 @@ class RankView:
             "dumped_step",
             "dumped_at",
             "dump_failed_at",
+            "op_retries",
+            "op_retry_at",
+            "op_retry_last",
         ):
             if key in row:
                 setattr(self, key, type(getattr(self, key))(row[key]))
