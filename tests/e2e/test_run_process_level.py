@@ -184,6 +184,9 @@ def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
         (RECOVER_WORKER, "node-2")
     ]
     assert of_kind(incident, "ProcessesStarted", pod=RECOVER_WORKER, node="node-2", generation=1)
+    # The replacement pod took over the warm spare agent waiting on node-2 since the job trained.
+    assert of_kind(evs, "SpareStarted", node="node-2"), of_kind(evs, "SpareStarted")
+    assert of_kind(incident, "SpareTaken", node="node-2", pod=RECOVER_WORKER), incident
     loaded = of_kind(incident, "StateLoaded")[0]
     assert (loaded["generation"], loaded["step"], loaded["source"]) == (
         1,

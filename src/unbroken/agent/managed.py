@@ -243,6 +243,17 @@ class ManagedAgent:
             if sb is None or sb.poll() is not None:
                 self._standbys[local] = start_standby(env, self.pod_dir / "logs" / "standby.log")
 
+    def adopt_standbys(self, standbys: list[subprocess.Popen[bytes]]) -> None:
+        """Take warm standbys started before this agent existed (a spare pod's,
+        :mod:`unbroken.agent.spare`), one per local rank slot in order."""
+        for local, sb in enumerate(standbys):
+            if self.use_standby and local < self.args.nproc_per_node and sb.poll() is None:
+                self._standbys[local] = sb
+            else:
+                if sb.poll() is None:
+                    sb.kill()
+                sb.wait()
+
     def _drop_standbys(self) -> None:
         for sb in self._standbys.values():
             if sb.poll() is None:

@@ -16,6 +16,7 @@ import json
 import os
 import runpy
 import sys
+import time
 
 
 def _activate(order: dict[str, object]) -> None:
@@ -39,11 +40,17 @@ def _activate(order: dict[str, object]) -> None:
 
 
 def main() -> None:
+    began = time.monotonic()
     import torch
     import torch.distributed
     import torch.distributed.checkpoint
     import torch.nn.parallel  # noqa: F401
 
+    print(
+        f"{time.time():.3f} standby {os.getpid()} ready (imports took "
+        f"{time.monotonic() - began:.2f} s)",
+        flush=True,
+    )
     line = sys.stdin.readline()
     if not line:
         return  # the agent let the standby go

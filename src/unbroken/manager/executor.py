@@ -34,7 +34,7 @@ from unbroken.ledger import (
     PodPlaced,
     PodsStopped,
 )
-from unbroken.manager.pods import agent_argv, start_pod
+from unbroken.manager.pods import Spare, agent_argv, assume, let_go, start_pod, start_spare
 from unbroken.policy import (
     Command,
     DeviceRef,
@@ -98,6 +98,10 @@ class Executor:
         self._deciding = False
         self.pending_rejoin: PendingRejoin | None = None
         self.pending_dump: PendingDump | None = None
+        #: Warm spare agents by node (see :meth:`keep_spares`); UNBROKEN_STANDBY=0: none.
+        self.spares: dict[str, Spare] = {}
+        self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
+        self._spares_checked_at = 0.0
         self.unplaced: tuple[str, ...] | None = None  # pods waiting for room to be placed
         self._next_placement_at = 0.0
 
@@ -412,7 +416,11 @@ class Executor:
 
     def _recover_on_spare(self, pod: str, now: float) -> None:
         self._stop((pod,), None)
-        result = place(self.m.cluster, [Pod(name=pod, devices_needed=self.m.job.nproc_per_node)])
+        result = place(
+            self.m.cluster,
+            [Pod(name=pod, devices_needed=self.m.job.nproc_per_node)],
+            self.warm_nodes((pod,)),
+        )
         if isinstance(result, Unschedulable):
             self.m.console.line(f"cannot place {pod}: {result.reason}")
             self._queue.append(PodUnschedulable(pod=pod, at=now))
@@ -498,14 +506,7 @@ class Executor:
 
     # ---- feasibility ------------------------------------------------------------------
     def spare_node_free(self) -> bool:
-        c = self.m.cluster
-        bound = {b.node for b in c.bindings.values()}
-        return any(
-            n.name not in bound
-            and n.name not in c.isolated_nodes
-            and len(c.healthy_devices(n.name)) >= self.m.job.nproc_per_node
-            for n in c.nodes
-        )
+        return bool(self.free_nodes())
 
     def schedulable(self, fault: Fault) -> bool:
         if fault.pod is None:
@@ -577,7 +578,76 @@ class Executor:
             self.m.cluster = self.m.cluster.release(p.pod)
             del self.m.pods[p.pod]
 
+    def free_nodes(self) -> list[str]:
+        """Nodes no pod is bound to, not isolated, with enough healthy devices for a pod."""
+        c = self.m.cluster
+        bound = {b.node for b in c.bindings.values()}
+        return [
+            n.name
+            for n in c.nodes
+            if n.name not in bound
+            and n.name not in c.isolated_nodes
+            and len(c.healthy_devices(n.name)) >= self.m.job.nproc_per_node
+        ]
+
+    def keep_spares(self, now: float) -> None:
+        """One warm spare agent per free node while the job trains undisturbed (its first
+        step of this generation committed, no incident): started then, not beside the job's
+        own start, because on a small machine its standbys' torch imports would slow that
+        down. A spare on a node that is no longer free is let go."""
+        if not self.use_spares or self.m.outcome is not None or now < self._spares_checked_at:
+            return
+        self._spares_checked_at = now + 1.0
+        free = self.free_nodes()
+        # A node bound to a pod whose agent is not started yet keeps its spare: that pod
+        # takes it over.
+        running = {p.node for p in self.m.pods.values()}
+        for node, spare in list(self.spares.items()):
+            if (node not in free and node in running) or self._unfit(node) or not spare.alive:
+                del self.spares[node]
+                let_go(spare, timeout_s=0.0 if not spare.alive else 5.0)
+        training = (
+            self.m.incident is None
+            and self.pending_rejoin is None
+            and self.pending_dump is None
+            and self.m.phases_done.get("first") == self.m.generation
+        )
+        if not training:
+            return
+        for node in free:
+            if node not in self.spares:
+                env = dict(os.environ)
+                env.setdefault("OMP_NUM_THREADS", "1")
+                spare = start_spare(
+                    node=node,
+                    nproc=self.m.job.nproc_per_node,
+                    env=env,
+                    log_dir=self.m.run_dir / "spares" / node,
+                    cwd=self.m.job.workdir,
+                )
+                self.spares[node] = spare
+                self.m.ledger.record_raw("SpareStarted", {"node": node, "pid": spare.proc.pid})
+
+    def _unfit(self, node: str) -> bool:
+        c = self.m.cluster
+        return node in c.isolated_nodes or len(c.healthy_devices(node)) < self.m.job.nproc_per_node
+
+    def warm_nodes(self, pods: Sequence[str]) -> dict[str, str]:
+        """Where to place ``pods`` first: free nodes with a warm spare agent, whose ranks
+        start without importing torch (the scheduler falls back to any node that fits)."""
+        warm = [n for n, s in sorted(self.spares.items()) if s.alive and n in self.free_nodes()]
+        return dict(zip(pods, warm, strict=False))
+
+    def end_spare(self, node: str) -> None:
+        """The spare on ``node`` dies with it (a node taken down)."""
+        spare = self.spares.pop(node, None)
+        if spare is not None and spare.alive:
+            spare.proc.kill()
+            spare.proc.wait()
+
     def stop_all(self, grace_s: float | None, success: bool) -> None:
+        for node in list(self.spares):
+            let_go(self.spares.pop(node))
         for p in list(self.m.pods.values()):
             if p.alive:
                 self.m.commands.send(
@@ -594,7 +664,7 @@ class Executor:
     def _reschedule(self, pods: tuple[str, ...], grace_s: float | None) -> None:
         self._stop(pods, grace_s)
         self.unplaced = None
-        self.place_and_start(pods, prefer={})
+        self.place_and_start(pods, prefer=self.warm_nodes(pods))
         self._restart_others(pods)
 
     def _restart_others(self, placed: tuple[str, ...]) -> None:
@@ -703,12 +773,29 @@ class Executor:
             script=m.job.script,
             script_args=m.job.script_args,
         )
+        log_path = m.run_dir / "pods" / pod / "agent.log"
+        spare = self.spares.pop(node, None)
+        if spare is not None:
+            taken = assume(
+                spare,
+                pod=pod,
+                generation=gen,
+                argv=argv,
+                env=env,
+                log_path=log_path,
+                cwd=m.job.workdir,
+            )
+            if taken is not None:
+                m.pods[pod] = taken
+                m.ledger.record_raw("SpareTaken", {"node": node, "pod": pod, "pid": taken.pid})
+                return
+            let_go(spare, timeout_s=0.0)
         m.pods[pod] = start_pod(
             pod=pod,
             node=node,
             generation=gen,
             argv=argv,
             env=env,
-            log_path=m.run_dir / "pods" / pod / "agent.log",
+            log_path=log_path,
             cwd=m.job.workdir,
         )

@@ -5,10 +5,16 @@ In the embedded cluster a *node* is a name with device slots and a *pod* is an a
 control plane plays the part of the kubelet of every node: it starts agent processes and, for
 fault injection, can take a whole node down (every process of every pod on it, SIGKILL at once).
 Detection never uses this privileged view: a lost node is found by its agents' missed heartbeats.
+
+A *spare* (:class:`Spare`) is an agent process waiting on a free node with its rank slots'
+standbys warm (:mod:`unbroken.agent.spare`); a pod placed on that node takes it over
+(:func:`assume`) instead of starting a cold agent whose ranks import torch from scratch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -127,3 +133,89 @@ def start_pod(
         )
     log.info("started agent of %s on %s (pid %d)", pod, node, proc.pid)
     return PodProcess(pod=pod, node=node, generation=generation, proc=proc, started_at=time.time())
+
+
+@dataclass
+class Spare:
+    """A warm spare agent on ``node`` (see :mod:`unbroken.agent.spare`)."""
+
+    node: str
+    proc: subprocess.Popen[bytes]
+    started_at: float
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start_spare(
+    *, node: str, nproc: int, env: Mapping[str, str], log_dir: Path, cwd: Path
+) -> Spare:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "agent.log").open("ab") as out:
+        out.write(f"=== spare agent on {node}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "unbroken.agent.spare",
+                "--nproc",
+                str(nproc),
+                "--log-dir",
+                str(log_dir),
+            ],
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    log.info("started a spare agent on %s (pid %d)", node, proc.pid)
+    return Spare(node=node, proc=proc, started_at=time.time())
+
+
+def assume(
+    spare: Spare,
+    *,
+    pod: str,
+    generation: int,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: Path,
+) -> PodProcess | None:
+    """Make ``spare`` the agent of ``pod`` (``argv``: the whole ``unbroken launch`` command a
+    cold agent would run); None when the spare is gone (start a cold agent instead)."""
+    if not spare.alive or spare.proc.stdin is None:
+        return None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        out.write(
+            f"=== agent for {pod} on {spare.node}, generation {generation} "
+            f"(warm spare, pid {spare.proc.pid})\n".encode()
+        )
+    launch = list(argv)[list(argv).index("launch") + 1 :]
+    order = {"argv": launch, "env": dict(env), "cwd": str(cwd), "log": str(log_path)}
+    try:
+        spare.proc.stdin.write((json.dumps(order) + "\n").encode())
+        spare.proc.stdin.close()
+    except (BrokenPipeError, ValueError):
+        return None
+    log.info("spare agent on %s (pid %d) is now %s", spare.node, spare.proc.pid, pod)
+    return PodProcess(
+        pod=pod, node=spare.node, generation=generation, proc=spare.proc, started_at=time.time()
+    )
+
+
+def let_go(spare: Spare, timeout_s: float = 5.0) -> None:
+    """End a spare that no pod took: it lets its standbys go when its input closes."""
+    if spare.alive and spare.proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            spare.proc.stdin.close()
+    try:
+        spare.proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        spare.proc.kill()
+        spare.proc.wait()
