@@ -433,9 +433,15 @@ class ManagedAgent:
                 log.error("unknown command from the manager: %r", cmd)
 
     def _report_step_failure(self, rank: int, proc: RankProcess, snap: HeartbeatRecord) -> None:
-        """A rank that survived a failed step of its own (not a peer's collective failure):
-        its state is suspect (the update raised) or corrupt (device memory error)."""
-        if snap.failure not in (StepFailure.UPDATE, StepFailure.DEVICE_MEMORY):
+        """A rank that survived a failed step: its state is suspect (the update raised) or
+        corrupt (device memory error), or a collective failed. A failed collective is most
+        often the echo of a peer's death, which that peer's agent reports; the manager holds
+        it back for the first fault and takes it for a link fault only when none comes."""
+        if snap.failure not in (
+            StepFailure.UPDATE,
+            StepFailure.DEVICE_MEMORY,
+            StepFailure.COLLECTIVE,
+        ):
             return
         key = (rank, snap.failed_at)
         if key in self._failures_reported:

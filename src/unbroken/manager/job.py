@@ -110,6 +110,11 @@ class Incident:
     awaiting_replacement: str | None = None
 
 
+#: The code of a link fault found by the training processes themselves: a collective that
+#: failed (after op retry, when it is on) while every peer stayed alive.
+LINK_FAILURE_CODE = "collective-failed"
+
+
 def _exception_name(traceback_text: str) -> str:
     """The exception class of a traceback's last line (``[rank2]: pkg.Error: text`` ->
     ``Error``)."""
@@ -431,6 +436,9 @@ class JobManager:
         """A live rank failed a step of its own: a device memory error (its state is corrupt:
         retryable, repaired from a replica) or an exception in its optimizer update."""
         rank = int(body["rank"])
+        if body["failure"] == "collective":
+            self._collective_failed(pod, body)
+            return
         memory = body["failure"] == "device-memory"
         kind = FaultKind.DEVICE_MEMORY if memory else FaultKind.EXCEPTION
         code = MEMORY_ERROR_CODE if memory else "update-failed"
@@ -448,6 +456,30 @@ class JobManager:
             + ("device memory error" if memory else "its optimizer update raised"),
         )
         self.pending.append(PendingFault(fault, time.time(), echo=False))
+
+    def _collective_failed(self, pod: PodProcess, body: dict[str, Any]) -> None:
+        """A live rank's collective failed (op retry, if on, gave up). Held back as an echo:
+        a peer's death or hang is the fault when its report comes. With none, every peer
+        alive, it is a link fault, retryable online. During an incident ranks leave their
+        groups on purpose, so their failed collectives are part of the recovery, not faults."""
+        rank = int(body["rank"])
+        if self.incident is not None or float(body["failed_at"]) < self.generation_began.get(
+            self.generation, 0.0
+        ):
+            log.info("rank %d: a collective failed during a recovery; not a fault", rank)
+            return
+        fault = Fault(
+            kind=FaultKind.LINK,
+            level=self.codes.level_for(FaultKind.LINK, LINK_FAILURE_CODE),
+            code=LINK_FAILURE_CODE,
+            at=float(body["failed_at"]),
+            node=pod.node,
+            pod=pod.pod,
+            ranks=(rank,),
+            detail=f"rank {rank} (pid {body['pid']}) failed step {body['failed_step']}: a "
+            "collective failed and no peer was lost",
+        )
+        self.pending.append(PendingFault(fault, time.time(), echo=True))
 
     def _rank_exited(self, pod: PodProcess, body: dict[str, Any]) -> None:
         rank = int(body["rank"])

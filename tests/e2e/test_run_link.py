@@ -1,0 +1,64 @@
+"""``unbroken run`` with a real link fault: the kernel resets rank 2's TCP links to its peers
+(``ss -K``) before its step 20. With op retry on for L1 the ranks re-execute the failed
+gradient all-reduce over a new group and no recovery happens; with op retry off the failed
+collective is a link fault, which ``retry`` recovers online in the same processes. Either way
+no step is trained twice and the final model is the fault-free one, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_runs import FIXTURES, Reference, digest, events, of_kind, run_job
+from process_helpers import rank_pids, recomputed_steps, split_at_fault, started_ranks
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("ss") is None or os.geteuid() != 0,
+        reason="a link fault needs ss and root (to reset another process's sockets)",
+    ),
+]
+
+LINK = FIXTURES / "chaos-link.yaml"
+
+
+def test_a_link_fault_is_re_executed_by_op_retry_without_recovery(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", LINK, job=FIXTURES / "job-opretry.yaml")
+    assert res.rc == 0, res.explain()
+    assert "job e2e-mlp: SUCCEEDED" in res.stdout, res.explain()
+    assert "step 60/60; 0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == fault_free.digest
+
+    evs = events(run_dir)
+    retried = of_kind(evs, "OpRetry")
+    # Every rank took part in the failed all-reduce of step 20 and re-executed it once.
+    assert sorted(e["rank"] for e in retried) == [0, 1, 2, 3], retried
+    assert {(e["step"], e["level"]) for e in retried} == {(20, 1)}, retried
+    assert not of_kind(evs, "FaultDetected") and not of_kind(evs, "DecisionMade")
+    assert started_ranks(evs) == [0, 1, 2, 3]  # no process was started again
+
+
+def test_a_link_fault_without_op_retry_is_retried_online(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    res = run_job(run_dir, "--chaos", LINK, job=FIXTURES / "process-retry.yaml")
+    assert res.rc == 0, res.explain()
+    assert "step 60/60; 1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == fault_free.digest
+
+    evs = events(run_dir)
+    before, after = split_at_fault(evs)
+    fault, decision = after[0], after[1]
+    assert fault["source"] == "link" and fault["code"] == "collective-failed", fault
+    assert fault["step"] == 20 and "no peer was lost" in fault["detail"], fault
+    assert decision["strategy"] == "retry", decision
+    assert decision["commands"][0].startswith("RetryOnline("), decision
+    assert of_kind(after, "RecoveryCompleted", strategy="retry"), after
+    assert recomputed_steps(run_dir) == 0
+    assert started_ranks(after) == [], of_kind(after, "ProcessesStarted")
+    assert rank_pids(evs) == rank_pids(before)
