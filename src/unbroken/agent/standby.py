@@ -7,15 +7,23 @@ rank must (re)start, a standby receives one JSON line on stdin, ``{"argv", "env"
 script as ``__main__`` (``runpy``), exactly as ``python -u script args`` would. A fresh standby
 is started in the background for the next time.
 
+Warming up is background work: on a node whose cores the training ranks use, a standby's
+imports must not slow them down. Where the process may raise its priority again
+(``CAP_SYS_NICE``, e.g. as root), a standby imports at the lowest priority (nice 19) and
+returns to its parent's priority the moment it becomes a rank; without that capability it
+cannot come back, so it stays at normal priority throughout.
+
 Run as ``python -m unbroken.agent.standby``. It imports torch and the standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
 import sys
+import threading
 import time
 
 
@@ -39,8 +47,67 @@ def _activate(order: dict[str, object]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
+_CAP_SYS_NICE = 23
+
+
+def _may_renice() -> bool:
+    """Whether this process may lower its nice value again (``CAP_SYS_NICE`` is effective)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_SYS_NICE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+_AUTOGROUP = "/proc/self/autogroup"
+
+
+def _autogroup_nice() -> int | None:
+    """The nice value of this process's scheduling autogroup (None: no autogroups)."""
+    try:
+        with open(_AUTOGROUP, encoding="ascii") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_nice(value: int, group: int | None) -> None:
+    """``value`` for every thread of the process (Linux keeps a nice value per thread), and
+    ``group`` for its autogroup: with autogroups on, the scheduler shares the CPU between
+    sessions first, and a standby is a session of its own, so a thread's nice value alone
+    would not yield the CPU to the ranks' sessions."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpriority(os.PRIO_PROCESS, tid, value)
+    if group is not None:
+        with contextlib.suppress(OSError), open(_AUTOGROUP, "w", encoding="ascii") as f:
+            f.write(str(group))
+
+
 def main() -> None:
     began = time.monotonic()
+    base, base_group = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice()
+    low = _may_renice()
+    if low:
+        _set_nice(19, None if base_group is None else 19)
+    order: list[str] = []
+
+    def wait_for_order() -> None:
+        # The order may come while the imports still run: from then on they are the rank's
+        # start, so they go on at the parent's priority.
+        order.append(sys.stdin.readline())
+        if low:
+            _set_nice(base, base_group)
+
+    waiter = threading.Thread(target=wait_for_order, name="standby-order", daemon=True)
+    waiter.start()
     import torch
     import torch.distributed
     import torch.distributed.checkpoint
@@ -51,11 +118,11 @@ def main() -> None:
         f"{time.monotonic() - began:.2f} s)",
         flush=True,
     )
-    line = sys.stdin.readline()
-    if not line:
+    waiter.join()
+    if not order[0]:
         return  # the agent let the standby go
     sys.stdin.close()
-    _activate(json.loads(line))
+    _activate(json.loads(order[0]))
 
 
 if __name__ == "__main__":

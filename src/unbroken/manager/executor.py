@@ -207,11 +207,12 @@ class Executor:
             out.append(r)
         return out
 
-    def _source(self, exclude: set[int]) -> tuple[int, int] | None:
-        """The replica source (most advanced healthy rank, lowest rank first) and its step."""
+    def _source(self, exclude: set[int], *, stopped: bool = False) -> tuple[int, int] | None:
+        """The replica source (most advanced healthy rank, lowest rank first) and its step;
+        ``stopped``: only a rank stopped at a step boundary (out of every group)."""
         best: tuple[int, int] | None = None
         for r, v in sorted(self.m.ranks.items()):
-            if r in exclude or not v.alive:
+            if r in exclude or not v.alive or (stopped and v.phase != "stopping"):
                 continue
             pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
             if pod is None or pod.lost or not pod.alive:
@@ -339,19 +340,6 @@ class Executor:
             began_at=now,
         )
 
-    def _dump_writer(self, lost: set[int]) -> tuple[int, int] | None:
-        """The most advanced stopped healthy rank and its committed step."""
-        best: tuple[int, int] | None = None
-        for r, v in sorted(self.m.ranks.items()):
-            if r in lost or not v.alive or v.phase != "stopping":
-                continue
-            pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
-            if pod is None or pod.lost or not pod.alive:
-                continue
-            if best is None or v.committed > best[1]:
-                best = (r, v.committed)
-        return best
-
     def poll_dump(self, now: float) -> None:
         pd = self.pending_dump
         if pd is None:
@@ -367,7 +355,7 @@ class Executor:
             stopped = bool(views) and all(v.phase == "stopping" for v in views)
             if not stopped and now < pd.stop_deadline_at:
                 return
-            writer = self._dump_writer(pd.lost)
+            writer = self._source(pd.lost, stopped=True)
             if writer is None:
                 self._dump_done(now, failed="no healthy rank stopped at a step boundary")
                 return
