@@ -71,6 +71,13 @@ class AgentSettings:
         )
 
 
+#: Warm standbys an agent keeps once its ranks train. One: the common fault takes one rank
+#: (``recover-in-place``); a pod lost whole is replaced on a free node, whose spare agent has a
+#: standby per rank slot (:mod:`unbroken.agent.spare`). On a small machine every standby's
+#: torch import competes with the ranks, so more would cost the job more than they save.
+STANDBYS_PER_AGENT = 1
+
+
 class AgentExit(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -97,7 +104,7 @@ class ManagedAgent:
         self._ended_after_failure: set[int] = set()
         self.pod_dir = settings.run_dir / "pods" / settings.pod
         self.use_standby = settings.standby and not args.no_python
-        self._standbys: dict[int, subprocess.Popen[bytes]] = {}
+        self._standbys: list[subprocess.Popen[bytes]] = []  # warm processes, any slot
         self._refill_at: float | None = None
 
     # ---- control plane ----------------------------------------------------------------
@@ -160,7 +167,7 @@ class ManagedAgent:
             env=env,
             log_path=self.pod_dir / "logs" / f"rank{rank}.log",
             on_exit=self._exits.put,
-            standby=self._standbys.pop(local, None),
+            standby=self._take_standby(),
         )
         self.ranks[rank] = proc
         self._readers[rank] = HeartbeatReader(hb)
@@ -238,24 +245,31 @@ class ManagedAgent:
         self._refill_at = None
         env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
         env.setdefault("OMP_NUM_THREADS", "1")
-        for local in range(self.args.nproc_per_node):
-            sb = self._standbys.get(local)
-            if sb is None or sb.poll() is not None:
-                self._standbys[local] = start_standby(env, self.pod_dir / "logs" / "standby.log")
+        self._standbys = [sb for sb in self._standbys if sb.poll() is None]
+        while len(self._standbys) < STANDBYS_PER_AGENT:
+            self._standbys.append(start_standby(env, self.pod_dir / "logs" / "standby.log"))
+
+    def _take_standby(self) -> subprocess.Popen[bytes] | None:
+        while self._standbys:
+            sb = self._standbys.pop(0)
+            if sb.poll() is None:
+                return sb
+            sb.wait()
+        return None
 
     def adopt_standbys(self, standbys: list[subprocess.Popen[bytes]]) -> None:
-        """Take warm standbys started before this agent existed (a spare pod's,
-        :mod:`unbroken.agent.spare`), one per local rank slot in order."""
-        for local, sb in enumerate(standbys):
-            if self.use_standby and local < self.args.nproc_per_node and sb.poll() is None:
-                self._standbys[local] = sb
+        """Take warm standbys started before this agent existed (a spare pod's, one per
+        rank slot: :mod:`unbroken.agent.spare`)."""
+        for sb in standbys:
+            if self.use_standby and sb.poll() is None:
+                self._standbys.append(sb)
             else:
                 if sb.poll() is None:
                     sb.kill()
                 sb.wait()
 
     def _drop_standbys(self) -> None:
-        for sb in self._standbys.values():
+        for sb in self._standbys:
             if sb.poll() is None:
                 sb.kill()
             sb.wait()

@@ -196,12 +196,21 @@ class RankProcess:
         return not self._watcher.is_alive()
 
 
-def start_standby(env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """A warm standby process (torch imported, waiting on stdin to become a rank)."""
+def start_standby(
+    env: Mapping[str, str], log_path: Path, *, background: bool = False
+) -> subprocess.Popen[bytes]:
+    """A warm standby process (torch imported, waiting on stdin to become a rank);
+    ``background``: it warms up at the lowest priority (see :mod:`unbroken.agent.standby`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-u", "-m", "unbroken.agent.standby"],
+            [
+                sys.executable,
+                "-u",
+                "-m",
+                "unbroken.agent.standby",
+                *(["--background"] if background else []),
+            ],
             env=dict(env),
             stdin=subprocess.PIPE,
             stdout=log,

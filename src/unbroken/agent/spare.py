@@ -75,7 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
     env.setdefault("OMP_NUM_THREADS", "1")
-    standbys = [start_standby(env, ns.log_dir / "standby.log") for _ in range(ns.nproc)]
+    # A spare node has nothing else to run; on the embedded cluster it shares the job's cores,
+    # so its standbys warm up in the background.
+    standbys = [
+        start_standby(env, ns.log_dir / "standby.log", background=True) for _ in range(ns.nproc)
+    ]
     line = sys.stdin.readline()
     sys.stdin.close()
     if not line.strip():

@@ -7,13 +7,14 @@ rank must (re)start, a standby receives one JSON line on stdin, ``{"argv", "env"
 script as ``__main__`` (``runpy``), exactly as ``python -u script args`` would. A fresh standby
 is started in the background for the next time.
 
-Warming up is background work: on a node whose cores the training ranks use, a standby's
-imports must not slow them down. Where the process may raise its priority again
-(``CAP_SYS_NICE``, e.g. as root), a standby imports at the lowest priority (nice 19) and
-returns to its parent's priority the moment it becomes a rank; without that capability it
-cannot come back, so it stays at normal priority throughout.
+With ``--background`` the warm-up is background work (a spare agent's standbys, on a node the
+job's ranks may share in the embedded cluster): where the process may raise its priority again
+(``CAP_SYS_NICE``, e.g. as root), it imports at the lowest priority (nice 19, and its
+scheduling autogroup's too) and returns to its parent's priority the moment its order comes;
+without that capability it could not come back, so it stays at normal priority throughout.
 
-Run as ``python -m unbroken.agent.standby``. It imports torch and the standard library only.
+Run as ``python -m unbroken.agent.standby [--background]``. It imports torch and the standard
+library only.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _set_nice(value: int, group: int | None) -> None:
 def main() -> None:
     began = time.monotonic()
     base, base_group = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice()
-    low = _may_renice()
+    low = "--background" in sys.argv[1:] and _may_renice()
     if low:
         _set_nice(19, None if base_group is None else 19)
     order: list[str] = []
