@@ -154,6 +154,29 @@ def test_isolating_device_fault_moves_the_pod_to_the_spare_node(
     assert of_kind(incident, "PodsStopped", pods=[WORKER]), incident
 
 
+def test_a_device_fault_where_no_rank_runs_isolates_it_and_training_goes_on(
+    run_dir: Path, fault_free: Reference
+) -> None:
+    """A device of the spare node fails: no rank of the job is on it, so nothing stops; the
+    device leaves the pool so that no pod is placed on it."""
+    res = run_job(
+        run_dir,
+        "--cluster",
+        FIXTURES / "cluster-fast-watch.yaml",
+        "--chaos",
+        FIXTURES / "device-idle.yaml",
+    )
+    assert res.rc == 0, res.explain()
+    assert "step 60/60; 0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == fault_free.digest
+    evs = events(run_dir)
+    assert [(e["node"], e["device"], e["level"]) for e in of_kind(evs, "IdleDeviceFault")] == [
+        ("node-2", 0, "SeparateNPU")
+    ]
+    assert [(e["node"], e["device"]) for e in of_kind(evs, "DeviceIsolated")] == [("node-2", 0)]
+    assert not of_kind(evs, "FaultDetected") and not of_kind(evs, "DecisionMade")
+
+
 def test_exception_in_a_rank_is_reported_with_its_text_and_recovered(
     run_dir: Path, fault_free: Reference
 ) -> None:

@@ -468,6 +468,9 @@ class Executor:
                 pod = None  # the device holds no rank of this job
             code = event.code or "unknown"
             kind = self.m.codes.kind_for(code)
+            if pod is None:
+                self._idle_device_fault(event.node, event.device, code, kind)
+                return
             fault = Fault(
                 kind=kind,
                 level=self.m.codes.level_for(kind, code),
@@ -491,6 +494,22 @@ class Executor:
                 )
             )
             self.m.console.line(f"device {event.device} of {event.node} back in the pool")
+
+    def _idle_device_fault(self, node: str, device: int, code: str, kind: FaultKind) -> None:
+        """A device that holds no rank of this job failed (a spare node's, or one a pod left):
+        training is not touched; an isolating level takes the device out of the pool so that
+        no pod is placed on it."""
+        level = self.m.codes.level_for(kind, code)
+        self.m.ledger.record_raw(
+            "IdleDeviceFault",
+            {"node": node, "device": device, "code": code, "level": str(level)},
+        )
+        self.m.console.line(
+            f"device {device} of {node} reported {code} ({level}); no rank of the job runs "
+            "there, training goes on"
+        )
+        if level.isolates_device:
+            self._isolate_device(node, device, f"fault level {level}")
 
     # ---- feasibility ------------------------------------------------------------------
     def spare_node_free(self) -> bool:
