@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket, ProcessGroupGloo
 from torch.nn.parallel import DistributedDataParallel
 
-from unbroken.worker.opretry import OpRetrier
+from unbroken.worker.opretry import OpRetrier, wait_all
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class GradSync:
         assert self.op_retry is not None
         # Wait for every one (they all write into the buffers), keeping no reference to a
         # work: each holds its group, whose links must close when the hook drops it.
-        error = _wait_all([work for work, _ in self._works]) or self._launch_error
+        error = wait_all([work for work, _ in self._works]) or self._launch_error
         self._works = []
         saved, self._saved = self._saved, []
         tensors = [tensor for tensor, _ in saved]
@@ -337,19 +337,6 @@ class GradSync:
             future.set_result(buffer)
         if not zero:
             self._reset_round()
-
-
-def _wait_all(works: list[dist.Work]) -> Exception | None:
-    """Wait for every work; the first error (None: all succeeded)."""
-    error: Exception | None = None
-    for work in works:
-        try:
-            work.wait()
-        except Exception as e:
-            # Without its traceback: the frames it holds would keep the work, and its group.
-            error = error or e.with_traceback(None)
-    works.clear()
-    return error
 
 
 def _drain(works: list[tuple[dist.Work, torch.Tensor]]) -> None:

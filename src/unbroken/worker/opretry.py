@@ -243,7 +243,7 @@ class OpRetrier:
                 for tensor, saved in zip(tensors, inputs, strict=True):
                     tensor.copy_(saved)
                 works.extend(group.allreduce([t]) for t in tensors)  # type: ignore[attr-defined]
-                error_now = _wait_all(works)
+                error_now = wait_all(works)
                 if error_now is not None:
                     raise error_now
             except OpRetryStopped:
@@ -335,7 +335,7 @@ class OpRetrier:
         return self.group(generation, f"{name}/pg")
 
 
-def _wait_all(works: list[dist.Work]) -> Exception | None:
+def wait_all(works: list[dist.Work]) -> Exception | None:
     """Wait for every work and forget them; the first error (None: all succeeded)."""
     error: Exception | None = None
     for work in works:
@@ -349,6 +349,6 @@ def _wait_all(works: list[dist.Work]) -> Exception | None:
 
 
 def _drain(works: list[dist.Work]) -> None:
-    error = _wait_all(works)
+    error = wait_all(works)
     if error is not None:
         logger.debug("collective of a failed op retry: %s", error)
