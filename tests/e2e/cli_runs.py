@@ -89,9 +89,25 @@ def unbroken(*args: str | Path, cwd: Path | None = None, timeout_s: float = 60.0
     except subprocess.TimeoutExpired:
         out, err = _stop(proc)
         raise AssertionError(
-            Result(argv, -1, out, err).explain() + f"\n(still running after {timeout_s:.0f} s)"
+            Result(argv, -1, out, err).explain()
+            + f"\n(still running after {timeout_s:.0f} s)"
+            + _log_tails(argv)
         ) from None
     return Result(argv, proc.returncode, out, err)
+
+
+def _log_tails(argv: Sequence[str], lines: int = 6, width: int = 300) -> str:
+    """The last lines of every log of the run directory in ``argv`` (``--run-dir D``): what
+    each agent, rank and standby was doing when a command overran."""
+    if "--run-dir" not in argv[:-1]:
+        return ""
+    run_dir = Path(argv[argv.index("--run-dir") + 1])
+    parts = []
+    for log in sorted(run_dir.rglob("*.log")):
+        with contextlib.suppress(OSError):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.relative_to(run_dir)}\n" + "\n".join(t[:width] for t in tail))
+    return "\n" + "\n".join(parts) if parts else ""
 
 
 def run_job(

@@ -19,7 +19,9 @@ all, even over a periodic save of the same step that a dead peer left without a 
 
 At most one save is in flight: :meth:`Checkpointer.save_async` first waits for the previous
 one. A save that failed raises :class:`CheckpointError` from the next :meth:`wait` (or
-``save_async``): a checkpoint that silently stops happening is worse than a stopped job.
+``save_async``): a checkpoint that silently stops happening is worse than a stopped job. A
+recovery lets a save in flight go (:meth:`Checkpointer.abandon`): one stuck on a lost peer is
+ended by cutting its group's links, so no thread of the process waits out the group's timeout.
 """
 
 from __future__ import annotations
@@ -81,12 +83,18 @@ class _Pending:
     done: Future[int]
 
 
+# How long a save whose group's links were cut gets to fail (it fails as soon as gloo sees them
+# close, well under a second).
+_LET_GO_S = 5.0
+
+
 class Checkpointer:
     """Saves and restores checkpoints under ``root``, one directory per step.
 
     ``pg`` is the process group the checkpoint collectives run on (create it once with
     ``dist.new_group(backend="gloo")``); None uses the default group, and without an
-    initialized process group the checkpointer works for a single process.
+    initialized process group the checkpointer works for a single process. ``cut`` closes
+    that group's links (see :meth:`abandon`; ``unbroken.worker.linkfault.OpenedLinks.cut``).
     ``on_saved(step)`` is called from the background thread when this rank's part of a save
     is durable (on rank 0: when the manifest is committed).
     """
@@ -97,18 +105,28 @@ class Checkpointer:
         pg: dist.ProcessGroup | None = None,
         keep: int = 3,
         on_saved: Callable[[int], None] | None = None,
+        cut: Callable[[], int] | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (checkpoints to retain), got {keep}")
         self.root = Path(root)
-        self.pg = pg
         self.keep = keep
         self._on_saved = on_saved
         self._distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank(pg) if self._distributed else 0
-        self.world_size = dist.get_world_size(pg) if self._distributed else 1
+        self.rank = 0
+        self.world_size = 1
+        self.use_group(pg, cut)
         self._pending: _Pending | None = None
         self.last_saved_step: int | None = None
+
+    def use_group(self, pg: dist.ProcessGroup | None, cut: Callable[[], int] | None = None) -> None:
+        """Run the checkpoint collectives on ``pg`` from now on (a recovery's new group);
+        ``cut`` closes its links. None, after the group was left: no save until the next."""
+        self.pg = pg
+        self._cut = cut
+        if self._distributed and (pg is not None or dist.is_initialized()):
+            self.rank = dist.get_rank(pg)
+            self.world_size = dist.get_world_size(pg)
 
     @property
     def pending(self) -> bool:
@@ -188,14 +206,25 @@ class Checkpointer:
         return step
 
     def abandon(self, wait_s: float) -> None:
-        """Give the save in flight ``wait_s`` to finish, then stop waiting for it: its
-        collectives may hang on a dead peer until the group's timeout. An abandoned save never
-        writes a manifest unless it completes, so it is never loaded half-written."""
+        """Give the save in flight ``wait_s`` to finish, then let it go: its collectives may
+        wait on a dead peer, or on a peer that let go of its own, until the group's timeout,
+        and the process could not exit before. The group's links are cut (``cut``), so they
+        fail at once on this rank and on its peers. An abandoned save never writes a manifest
+        unless it completes, so it is never loaded half-written."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
         try:
             self.last_saved_step = pending.done.result(timeout=wait_s)
+            return
+        except concurrent.futures.TimeoutError:
+            pass
+        except Exception as e:
+            logger.warning("the checkpoint of step %d is lost: %s", pending.step, e)
+            return
+        cut = self._cut() if self._cut is not None else 0
+        try:
+            self.last_saved_step = pending.done.result(timeout=_LET_GO_S if cut else 0.0)
         except concurrent.futures.TimeoutError:
             logger.warning(
                 "checkpoint of step %d to %s abandoned: its save is stuck (a peer is gone)",
@@ -203,7 +232,14 @@ class Checkpointer:
                 pending.path,
             )
         except Exception as e:
-            logger.warning("the checkpoint of step %d is lost: %s", pending.step, e)
+            logger.warning(
+                "checkpoint of step %d to %s abandoned: its save was stuck (a peer is gone) "
+                "until %d link(s) of its group were cut: %s",
+                pending.step,
+                pending.path,
+                cut,
+                e,
+            )
 
     def save_last_words(
         self,

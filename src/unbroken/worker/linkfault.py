@@ -11,8 +11,15 @@ Never touched: listening sockets; connections to or from ``exclude_ports`` (the 
 store, which a rank sees as ``MASTER_PORT``, and the control plane); and, when the peers'
 pids are given, any connection whose other end is not in a peer's process. Used by
 ``unbroken inject link`` (through the job manager, which knows every rank's pid) and by the
-chaos entry ``{kind: link, rank: R, at_step: N}``, fired inside the rank itself. Standard
-library only: the worker imports it.
+chaos entry ``{kind: link, rank: R, at_step: N}``, fired inside the rank itself.
+
+The same sockets, seen from inside the process that holds them, are how a stuck gloo group is
+let go: :class:`OpenedLinks` notes the connections a block of code opened (``dist.new_group``
+connects a gloo group's full mesh there) and :meth:`OpenedLinks.cut` shuts them down, so every
+collective of that group waiting on them fails at once, on both ends. gloo's own ``abort`` and
+``shutdown`` leave such a collective waiting until the group's timeout (ten minutes for a
+checkpoint group), and a process cannot exit while a thread of it waits there. Standard library
+only: the worker imports it.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 _ESTABLISHED = "01"
 _PROC = Path("/proc")
@@ -160,3 +169,63 @@ def reset_links(
         scope = "its peers' processes" if peer_pids is not None else "peers"
         raise LinkFaultError(f"process {pid} has no established TCP connection to {scope}")
     return reset(links)
+
+
+def _own_sockets() -> dict[int, int]:
+    """This process's sockets: inode -> one of its file descriptors."""
+    fds: dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile, or the directory's own descriptor
+        if target.startswith("socket:[") and target.endswith("]"):
+            fds.setdefault(int(target[8:-1]), int(name))
+    return fds
+
+
+class OpenedLinks:
+    """The established TCP connections opened in this process inside a ``with`` block.
+
+    ``with OpenedLinks() as links: group = dist.new_group(backend="gloo")`` notes the group's
+    links to its peers (listening sockets are left out: shutting one down would end gloo's
+    listener thread, and the process with it). :meth:`cut` shuts them down.
+    """
+
+    def __init__(self) -> None:
+        self._before: set[int] = set()
+        self.inodes: frozenset[int] = frozenset()
+
+    def __enter__(self) -> OpenedLinks:
+        self._before = set(_own_sockets())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        opened = set(_own_sockets()) - self._before
+        self.inodes = frozenset(c.inode for c in established(opened))
+
+    def cut(self) -> int:
+        """Shut down those of the connections still open; returns how many. Both ends see
+        them close: every collective waiting on one fails at once."""
+        done = 0
+        for inode, fd in _own_sockets().items():
+            if inode not in self.inodes:
+                continue
+            try:
+                dup = os.dup(fd)
+            except OSError:
+                continue  # closed meanwhile
+            sock = socket.socket(fileno=dup)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass  # already shut down, or reset by the peer
+            finally:
+                sock.close()  # the duplicate only: gloo closes its own descriptor
+        return done

@@ -78,6 +78,7 @@ from torch.nn.parallel import DistributedDataParallel
 from unbroken.checkpoint.checkpointer import Checkpointer
 from unbroken.worker.commhook import GradSync, SyncFailure, unsupported_reason
 from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure, pack_op_retry
+from unbroken.worker.linkfault import OpenedLinks
 from unbroken.worker.mailbox import (
     MAILBOX,
     Command,
@@ -288,19 +289,15 @@ class Recovery:
         if self.checkpointer is None:
             return
         self.checkpointer.abandon(wait_s=0.5)  # a save in flight may wait on a broken link
-        old, self.checkpointer.pg = self.checkpointer.pg, None
+        old = self.checkpointer.pg
+        self.checkpointer.use_group(None)
         if old is not None:
             try:  # unregistered, it closes its links with its last reference
                 dist.destroy_process_group(old)
             except Exception as e:
                 logger.debug("releasing the old checkpoint group: %s", e)
             del old
-        group = dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=self.settings.ckpt_timeout_s)
-        )
-        self.checkpointer.pg = group
-        self.checkpointer.rank = dist.get_rank(group)
-        self.checkpointer.world_size = dist.get_world_size(group)
+        self.checkpointer.use_group(*checkpoint_group(self.settings.ckpt_timeout_s))
 
     def _op_retried(self, done: OpRetryDone) -> None:
         assert self.sync.op_retry is not None
@@ -447,7 +444,7 @@ class Recovery:
         # only when its last reference goes, and peers must see them close.
         self.sync.detach()
         if self.checkpointer is not None:
-            self.checkpointer.pg = None
+            self.checkpointer.use_group(None)
         _unbind_default_arguments()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -550,12 +547,7 @@ class Recovery:
             sys.excepthook = excepthook
         self._replay_ddp_init()
         if self.checkpointer is not None:
-            group = dist.new_group(
-                backend="gloo", timeout=timedelta(seconds=self.settings.ckpt_timeout_s)
-            )
-            self.checkpointer.pg = group
-            self.checkpointer.rank = dist.get_rank(group)
-            self.checkpointer.world_size = dist.get_world_size(group)
+            self.checkpointer.use_group(*checkpoint_group(self.settings.ckpt_timeout_s))
         self.sync.attach(_default_group())
         if self.sync.op_retry is not None:
             self.sync.use_op_retry(self.sync.op_retry, command.generation)
@@ -581,6 +573,15 @@ class Recovery:
     def _heartbeat(self, **values: Any) -> None:
         if self.heartbeat is not None:
             self.heartbeat.update(**values)
+
+
+def checkpoint_group(timeout_s: float) -> tuple[dist.ProcessGroup, Callable[[], int]]:
+    """A gloo group of every rank of the default group for the checkpoint collectives (saves
+    in the background never interleave with the training's own), and what cuts its links
+    when a save stuck on a lost peer is let go (see :meth:`Checkpointer.abandon`)."""
+    with OpenedLinks() as links:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return group, links.cut
 
 
 def _default_group() -> dist.ProcessGroup:

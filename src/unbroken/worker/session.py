@@ -39,7 +39,6 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
@@ -53,7 +52,7 @@ from unbroken.worker import rng
 from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
-from unbroken.worker.recovery import Recovery, RecoverySettings
+from unbroken.worker.recovery import Recovery, RecoverySettings, checkpoint_group
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
 
@@ -351,7 +350,7 @@ class Session:
                     # still-joinable thread aborts the process).
                     self._recovery.sync.detach()
                     if self.checkpointer is not None:
-                        self.checkpointer.pg = None
+                        self.checkpointer.use_group(None)
                     gc.collect()
         except BaseException:
             self._fail()
@@ -483,11 +482,10 @@ def init(
     )
     if root is not None:
         try:
-            pg = None
-            if dist.is_initialized():
-                # A group of its own: background saves never interleave with DDP's collectives.
-                pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=ckpt_timeout_s))
-            session.checkpointer = Checkpointer(root, pg, keep=keep, on_saved=session._on_saved)
+            pg, cut = checkpoint_group(ckpt_timeout_s) if dist.is_initialized() else (None, None)
+            session.checkpointer = Checkpointer(
+                root, pg, keep=keep, on_saved=session._on_saved, cut=cut
+            )
         except BaseException:
             session._fail()
             raise
