@@ -124,7 +124,7 @@ class Checkpointer:
         ``cut`` closes its links. None, after the group was left: no save until the next."""
         self.pg = pg
         self._cut = cut
-        if self._distributed and (pg is not None or dist.is_initialized()):
+        if self._distributed and dist.is_initialized():  # not after the group was left
             self.rank = dist.get_rank(pg)
             self.world_size = dist.get_world_size(pg)
 

@@ -75,20 +75,25 @@ def socket_inodes(pid: int) -> set[int]:
     """The inodes of the sockets process ``pid`` holds open."""
     fd_dir = _PROC / str(pid) / "fd"
     try:
-        names = os.listdir(fd_dir)
+        return set(_sockets(fd_dir))
     except FileNotFoundError:
         raise LinkFaultError(f"process {pid} does not exist") from None
     except PermissionError:
         raise LinkFaultError(f"cannot read {fd_dir}: permission denied") from None
-    inodes: set[int] = set()
-    for name in names:
+
+
+def _sockets(fd_dir: Path) -> dict[int, int]:
+    """The sockets of the process whose descriptors ``fd_dir`` lists: inode -> one of its
+    file descriptors."""
+    fds: dict[int, int] = {}
+    for name in os.listdir(fd_dir):
         try:
             target = os.readlink(fd_dir / name)
         except OSError:
-            continue  # closed meanwhile
+            continue  # closed meanwhile (or, under /proc/self, the listing's own descriptor)
         if target.startswith("socket:[") and target.endswith("]"):
-            inodes.add(int(target[8:-1]))
-    return inodes
+            fds.setdefault(int(target[8:-1]), int(name))
+    return fds
 
 
 def established(inodes: Collection[int] | None = None) -> list[Connection]:
@@ -171,19 +176,6 @@ def reset_links(
     return reset(links)
 
 
-def _own_sockets() -> dict[int, int]:
-    """This process's sockets: inode -> one of its file descriptors."""
-    fds: dict[int, int] = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile, or the directory's own descriptor
-        if target.startswith("socket:[") and target.endswith("]"):
-            fds.setdefault(int(target[8:-1]), int(name))
-    return fds
-
-
 class OpenedLinks:
     """The established TCP connections opened in this process inside a ``with`` block.
 
@@ -197,7 +189,7 @@ class OpenedLinks:
         self.inodes: frozenset[int] = frozenset()
 
     def __enter__(self) -> OpenedLinks:
-        self._before = set(_own_sockets())
+        self._before = set(_sockets(_PROC / "self" / "fd"))
         return self
 
     def __exit__(
@@ -206,14 +198,14 @@ class OpenedLinks:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        opened = set(_own_sockets()) - self._before
+        opened = set(_sockets(_PROC / "self" / "fd")) - self._before
         self.inodes = frozenset(c.inode for c in established(opened))
 
     def cut(self) -> int:
         """Shut down those of the connections still open; returns how many. Both ends see
         them close: every collective waiting on one fails at once."""
         done = 0
-        for inode, fd in _own_sockets().items():
+        for inode, fd in _sockets(_PROC / "self" / "fd").items():
             if inode not in self.inodes:
                 continue
             try:
