@@ -57,17 +57,16 @@ class ControlServer:
     ) -> None:
         self._secret = secret
         handlers: dict[str, Any] = {}
+        # Requests arrive as bytes and are parsed in the handler, after the secret was checked:
+        # nothing a peer without the secret sends is parsed, and a body that does not parse is
+        # refused with INVALID_ARGUMENT instead of an error in gRPC's deserializer.
         for name, fn in unary.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(name, fn),
-                request_deserializer=_loads,
-                response_serializer=_dumps,
+                self._wrap_unary(name, fn), response_serializer=_dumps
             )
         for name, sfn in (streams or {}).items():
             handlers[name] = grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(name, sfn),
-                request_deserializer=_loads,
-                response_serializer=_dumps,
+                self._wrap_stream(name, sfn), response_serializer=_dumps
             )
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
         self._server.add_generic_rpc_handlers(
@@ -78,10 +77,19 @@ class ControlServer:
             raise RpcError(f"cannot bind the control plane to {host}:{port} (port in use?)")
         self.address = f"{host}:{bound}"
 
-    def _wrap_unary(self, name: str, fn: Unary) -> Callable[[JsonObj, grpc.ServicerContext], Any]:
-        def handle(request: JsonObj, context: grpc.ServicerContext) -> JsonObj:
-            if not _authorized(context, self._secret):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong run secret")
+    def _request(self, name: str, raw: bytes, context: grpc.ServicerContext) -> JsonObj:
+        """The request's JSON object, once the caller proved the secret; aborts otherwise."""
+        if not _authorized(context, self._secret):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong run secret")
+        try:
+            return _loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request: {exc}")
+        raise AssertionError("unreachable")
+
+    def _wrap_unary(self, name: str, fn: Unary) -> Callable[[bytes, grpc.ServicerContext], Any]:
+        def handle(raw: bytes, context: grpc.ServicerContext) -> JsonObj:
+            request = self._request(name, raw, context)
             try:
                 return fn(request)
             except (KeyError, TypeError, ValueError) as exc:
@@ -92,11 +100,13 @@ class ControlServer:
 
     def _wrap_stream(
         self, name: str, fn: UnaryStream
-    ) -> Callable[[JsonObj, grpc.ServicerContext], Iterator[JsonObj]]:
-        def handle(request: JsonObj, context: grpc.ServicerContext) -> Iterator[JsonObj]:
-            if not _authorized(context, self._secret):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong run secret")
-            yield from fn(request, context.is_active)
+    ) -> Callable[[bytes, grpc.ServicerContext], Iterator[JsonObj]]:
+        def handle(raw: bytes, context: grpc.ServicerContext) -> Iterator[JsonObj]:
+            request = self._request(name, raw, context)
+            try:
+                yield from fn(request, context.is_active)
+            except (KeyError, TypeError, ValueError) as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
 
         return handle
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 import pytest
 
 from unbroken.rpc import ControlClient, ControlServer, RpcError
@@ -67,3 +69,49 @@ def test_a_dead_control_plane_is_named() -> None:
     with pytest.raises(RpcError, match=f"control plane at {address} is not reachable"):
         client.call("Echo", {"x": 1})
     client.close()
+
+
+def _raw_call(address: str, body: bytes, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcError:
+    """``Echo`` with ``body`` as its bytes, as any gRPC client can send them; the refusal."""
+    with grpc.insecure_channel(address) as channel:
+        stub = channel.unary_unary("/unbroken.Control/Echo")
+        with pytest.raises(grpc.RpcError) as info:
+            stub(body, metadata=metadata, timeout=5.0)
+    return info.value
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe not json", b"[1, 2]", b"{"])
+def test_a_body_without_the_secret_is_refused_before_it_is_parsed(
+    body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = _server()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            err = _raw_call(server.address, body, ())
+            guessed = _raw_call(server.address, body, (("x-unbroken-secret", "guess"),))
+        for refused in (err, guessed):
+            assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, refused
+        # gRPC's deserializer never saw it: nothing was logged, no traceback.
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+        assert "Traceback" not in caplog.text
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe not json", b"[1, 2]", b"{"])
+def test_a_malformed_body_with_the_secret_is_an_invalid_argument_and_serving_goes_on(
+    body: bytes,
+) -> None:
+    server = _server()
+    try:
+        err = _raw_call(server.address, body, (("x-unbroken-secret", "s3cret"),))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+        assert (err.details() or "").startswith("Echo: malformed request: "), err
+        client = ControlClient(server.address, "s3cret")
+        assert client.call("Echo", {"x": 2}) == {"echo": 2}
+        with pytest.raises(RpcError, match="INVALID_ARGUMENT: Count: 'n'"):
+            list(client.stream("Count", {}))
+        assert [m["i"] for m in client.stream("Count", {"n": 2})] == [0, 1]
+        client.close()
+    finally:
+        server.stop()
