@@ -26,6 +26,7 @@ from pathlib import Path
 from unbroken.agent.env import rank_env
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.ranks import RankExit, RankProcess, rank_argv
+from unbroken.rpc.store import host_store
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,20 @@ def run_standalone(args: LaunchArgs) -> int:
     host = args.master_addr
     is_host = args.node_rank == 0
     try:
-        store = TCPStore(
-            host,
-            args.master_port,
-            is_master=is_host,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=60),
+        # The host's stores listen on --master_addr alone, not on every interface: they have
+        # no authentication (see unbroken.rpc.store).
+        store = (
+            host_store(host, args.master_port, timeout=timedelta(seconds=60))
+            if is_host
+            else TCPStore(
+                host,
+                args.master_port,
+                is_master=False,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=60),
+            )
         )
-    except Exception as exc:  # the store's errors are RuntimeError/DistNetworkError
+    except Exception as exc:  # OSError, or the store's RuntimeError/DistNetworkError
         what = "host" if is_host else "reach"
         print(
             f"unbroken launch: cannot {what} the rendezvous store at {host}:{args.master_port}: "
@@ -68,9 +75,7 @@ def run_standalone(args: LaunchArgs) -> int:
         port = args.master_port + 1 + gen
         if is_host and gen not in round_stores:
             round_stores.clear()  # the previous round's store closes
-            round_stores[gen] = TCPStore(
-                host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
-            )
+            round_stores[gen] = host_store(host, port, timeout=timedelta(seconds=60))
         round_args = dataclasses.replace(args, master_port=port)
         procs = {}
         for local in range(args.nproc_per_node):

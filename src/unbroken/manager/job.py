@@ -72,6 +72,7 @@ from unbroken.policy import Feasibility, Running
 from unbroken.policy import RecoveryCompleted as PolicyRecovered
 from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
+from unbroken.rpc.store import host_store
 from unbroken.scheduler import Cluster
 from unbroken.worker.chaos import MEMORY_ERROR_CODE
 from unbroken.worker.heartbeat import unpack_op_retry
@@ -219,12 +220,9 @@ class JobManager:
         ranks the addresses of dead ones (pytorch/pytorch#135712). Every generation gets its
         own store instead; only the first uses the job's ``--master_port`` when it gives one.
         """
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
         try:
-            store = TCPStore(
-                "127.0.0.1", port, is_master=True, wait_for_workers=False, use_libuv=True
-            )
+            # On 127.0.0.1 alone: the store has no authentication (see unbroken.rpc.store).
+            store = host_store("127.0.0.1", port)
         except Exception as exc:
             raise ManagerError(
                 f"cannot open the rendezvous store on 127.0.0.1:{port}"
