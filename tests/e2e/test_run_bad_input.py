@@ -132,6 +132,18 @@ def test_bad_input_leaves_no_run_directory_behind(tmp_path: Path, wrong: str) ->
     assert not run_dir.exists()
 
 
+def test_bad_codes_file_is_named_before_anything_is_made(tmp_path: Path) -> None:
+    codes = tmp_path / "codes.yaml"
+    codes.write_text("codes: [\n")
+    run_dir = tmp_path / "run"
+    res = run_job(run_dir, "--codes", codes)
+    assert res.rc == 1, res.explain()
+    assert res.stdout == "", res.explain()
+    assert res.stderr.startswith(f"unbroken run: {codes}:2: "), res.explain()
+    assert len(res.stderr.splitlines()) == 1, res.explain()
+    assert not run_dir.exists(), "a run directory was made for a codes file that cannot be read"
+
+
 def test_status_events_inject_on_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
     (tmp_path / "ledger.txt").write_text("not a ledger\n")
     for argv, prog in (

@@ -4,19 +4,24 @@ Starts, in this process, the fault center, scheduler, operator and job manager w
 ledger under a run directory; creates the local cluster (the nodes the job needs plus one spare
 unless ``--cluster`` says otherwise); places the pods; starts one agent process per pod; trains
 to the end while printing what happens; prints a summary. Exit 0 when the job succeeded, 1 when
-it failed or the input was wrong (with the reason), 2 for usage errors.
+it failed or the input was wrong (with the reason), 2 for usage errors. SIGINT and SIGTERM stop
+every process of the run, then exit 1 with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import signal
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 from unbroken.chaos import ChaosError, ChaosFault, load_chaos
-from unbroken.cli.rundir import RunDirError, new_run_dir
-from unbroken.faults import CodeTableError
+from unbroken.cli.rundir import RunDirError, claim_run_dir
+from unbroken.faults import CodeTable, CodeTableError
 from unbroken.ledger import Ledger, LedgerError, format_incidents, incidents
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
@@ -100,8 +105,6 @@ def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout
 
 
 def run(args: argparse.Namespace) -> int:
-    from unbroken.manager.job import JobManager, ManagerError
-
     try:
         job = load_job(args.job)
         cluster = load_cluster(args.cluster, job)
@@ -123,9 +126,50 @@ def run(args: argparse.Namespace) -> int:
         except ChaosError as exc:
             return _fail(str(exc))
     try:
-        run_dir = new_run_dir(job.name, args.run_dir)
+        CodeTable.load(args.codes)
+    except CodeTableError as exc:
+        return _fail(str(exc))
+    try:
+        lock = claim_run_dir(job.name, args.run_dir)
     except RunDirError as exc:
         return _fail(str(exc))
+    with lock, _terminate_as_interrupt() as stopped_by:
+        try:
+            return _run_in(lock.path, args, layout, cluster, nodes, chaos)
+        except KeyboardInterrupt:
+            return _fail(f"{stopped_by()}; every process of the run was stopped")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[Callable[[], str]]:
+    """SIGTERM stops the run as SIGINT does: the manager stops every process of the run in
+    order before this process exits. Yields what tells which signal it was."""
+    got: list[str] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if got:  # already stopping: let the stop finish
+            return
+        got.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: f"stopped by {got[0] if got else 'SIGINT'}"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_in(
+    run_dir: Path,
+    args: argparse.Namespace,
+    layout: JobLayout,
+    cluster: ClusterSpec,
+    nodes: tuple[str, ...],
+    chaos: tuple[ChaosFault, ...],
+) -> int:
+    from unbroken.manager.job import JobManager, ManagerError
+
     layout = dataclasses.replace(layout, workdir=run_dir)
     cl = ClusterLayout(
         nodes=nodes,
@@ -146,8 +190,6 @@ def run(args: argparse.Namespace) -> int:
         outcome = manager.run()
     except (ManagerError, CodeTableError) as exc:
         return _fail(str(exc))
-    except KeyboardInterrupt:
-        return _fail("interrupted; every process of the run was stopped")
     found = incidents(ledger.events())
     ledger.close()
     lost = sum(i.mttr_s or 0.0 for i in found)

@@ -1,37 +1,175 @@
 """Where runs live: ``runs/<job>-<timestamp>/`` under the current directory by default.
 
-A run directory holds the ledger (``ledger.db``), the control plane's address and secret while
-the run is alive (``control.json``, mode 0600), rank and agent logs (``pods/``), checkpoints
-(``checkpoints/``) and the simulated device health (``devices/``).
+A run directory belongs to one run: it is made, or taken over, mode 0700, and the run holds an
+exclusive ``flock`` on its ``run.lock`` for its whole life, so a second ``unbroken run`` on it is
+refused and ``unbroken status`` can tell a live run from one whose control plane is gone. It
+holds the ledger (``ledger.db``), the control plane's address and secret while the run is alive
+(``control.json``, mode 0600), rank and agent logs (``pods/``), checkpoints (``checkpoints/``)
+and the simulated device health (``devices/``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 RUNS = Path("runs")
+LOCK = "run.lock"
+_LOCK_PATIENCE_S = 1.0  # a status probe holds the lock for microseconds; a run, for its life
+_MAX_SAME_NAME = 1000
 
 
 class RunDirError(ValueError):
     pass
 
 
-def new_run_dir(job: str, given: Path | None) -> Path:
-    path = given or RUNS / f"{job}-{time.strftime('%Y%m%d-%H%M%S')}"
+class RunLock:
+    """The run's hold on its directory, from :func:`claim_run_dir` until :meth:`release`."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _cannot(path: Path, exc: OSError) -> RunDirError:
+    return RunDirError(
+        f"cannot use run directory {path}: {exc.strerror or exc} (choose another with --run-dir)"
+    )
+
+
+def _make_default(job: str, now: float | None) -> Path:
+    """A new directory ``runs/<job>-<time>``, or ``-2``, ``-3``... after it when runs started
+    in the same second took the name first (``mkdir`` decides, so two runs never share one)."""
+    base = f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        RUNS.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RunDirError(
-            f"cannot use run directory {path}: {exc.strerror or exc} "
-            "(choose another with --run-dir)"
-        ) from None
-    return path.resolve()
+        raise _cannot(RUNS / base, exc) from None
+    for n in range(1, _MAX_SAME_NAME + 1):
+        path = RUNS / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _cannot(path, exc) from None
+        return path
+    raise RunDirError(
+        f"cannot make a run directory: {RUNS / base} and {_MAX_SAME_NAME - 1} more names "
+        "after it are taken (choose one with --run-dir)"
+    )
+
+
+def _make_given(path: Path) -> None:
+    """``path`` made mode 0700 (its parents too, as needed), or an existing directory."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise _cannot(path, NotADirectoryError(errno.ENOTDIR, "Not a directory")) from None
+    except OSError as exc:
+        raise _cannot(path, exc) from None
+
+
+def _owner(fd: int) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        return f" (pid {int(os.pread(fd, 32, 0).decode().strip())})"
+    return ""
+
+
+def _lock(path: Path) -> RunLock:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path / LOCK, flags, 0o600)
+    except OSError as exc:
+        raise _cannot(path, exc) from None
+    deadline = time.monotonic() + _LOCK_PATIENCE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                owner = _owner(fd)
+                os.close(fd)
+                raise RunDirError(
+                    f"run directory {path} belongs to a live run{owner} "
+                    "(choose another with --run-dir)"
+                ) from None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return RunLock(path, fd)
+
+
+def claim_run_dir(job: str, given: Path | None, now: float | None = None) -> RunLock:
+    """The run's directory, made or taken over, mode 0700, locked for this run.
+
+    A new default name under ``./runs`` when ``given`` is None. Raises :class:`RunDirError`
+    (one line) when the directory cannot be made or used, or another live run holds it.
+    """
+    path = _make_default(job, now) if given is None else given
+    if given is not None:
+        _make_given(given)
+    lock = _lock(path)
+    try:
+        os.chmod(path, 0o700)
+    except OSError as exc:
+        lock.release()
+        raise _cannot(path, exc) from None
+    lock.path = path.resolve()
+    return lock
+
+
+def is_live(run: Path) -> bool:
+    """Whether a process still owns the run: it holds ``run.lock`` (or, for a run directory
+    without one, the pid in ``control.json`` is alive)."""
+    try:
+        fd = os.open(run / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _control_pid_alive(run)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's shared lock at once
+    return False
+
+
+def _control_pid_alive(run: Path) -> bool:
+    try:
+        pid = int(control_of(run).get("pid", 0))
+    except (RunDirError, TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def find_run(given: Path | None) -> Path:
@@ -52,7 +190,9 @@ def find_run(given: Path | None) -> Path:
 def control_of(run: Path) -> dict[str, Any]:
     path = run / "control.json"
     try:
-        data = json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            data = json.load(f)
     except FileNotFoundError:
         raise RunDirError(f"run {run} is not running (no control.json)") from None
     except (OSError, ValueError) as exc:

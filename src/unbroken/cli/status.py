@@ -1,4 +1,5 @@
-"""``unbroken status [RUN]``: what is running (or what ran), from the run's ledger."""
+"""``unbroken status [RUN]``: what is running (or what ran), from the run's ledger; a run whose
+control plane is gone (stopped, killed) is said to be stopped, whatever phase it last recorded."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from unbroken.cli.rundir import RunDirError, find_run
+from unbroken.cli.rundir import RunDirError, find_run, is_live
 from unbroken.ledger import Ledger, LedgerError
 from unbroken.ledger.store import encode_status
 
@@ -31,14 +32,22 @@ def run(args: argparse.Namespace) -> int:
     if st is None:
         print(f"unbroken status: {run_dir}: the job has not started yet", file=sys.stderr)
         return 1
+    # The ledger keeps the last phase the control plane wrote; a control plane that was killed
+    # or stopped wrote no end, so an unfinished phase is only true while the run is live.
+    live = is_live(run_dir)
     if args.json:
-        print(json.dumps(encode_status(st), indent=2))
+        data = encode_status(st)
+        data["control_plane"] = "running" if live else "stopped"
+        print(json.dumps(data, indent=2))
         return 0
     total = f"/{st.total_steps}" if st.total_steps else ""
     age = time.time() - st.updated_at
+    phase = f"{st.phase}" + (f" ({st.message})" if st.message else "")
+    if not live and not st.phase.finished:
+        phase = f"stopped (control plane not running; last recorded: {phase})"
     print(f"run:         {run_dir}")
     print(f"job:         {st.job}")
-    print(f"phase:       {st.phase}" + (f" ({st.message})" if st.message else ""))
+    print(f"phase:       {phase}")
     print(f"step:        {st.step}{total}   generation {st.generation}")
     print(f"faults:      {st.faults}   recoveries {st.recoveries}")
     print(f"updated:     {age:.1f} s ago")

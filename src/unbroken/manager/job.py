@@ -232,8 +232,11 @@ class JobManager:
         self.master_port = int(store.port)
 
     def _write_control_file(self) -> None:
-        tmp = self.control_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A new file of ours, 0600 from its creation, never a path planted before us (O_EXCL,
+        # O_NOFOLLOW); the rename replaces whatever stands at control.json, a link included.
+        tmp = self.run_dir / f".control-{secrets.token_hex(8)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(
                 {
@@ -299,6 +302,23 @@ class JobManager:
         body = msg.body
         match msg.method:
             case "AgentHello":
+    def _handle(self, msg: Inbound) -> None:
+        body = msg.body
+        match msg.method:
+            case "AgentHello":
+    def _handle_one(self, msg: Inbound) -> None:
+        """Handle one message; a malformed one (a field missing or of the wrong type) from an
+        authenticated peer is refused and logged, and the control plane goes on."""
+        if msg.method not in _PEER_METHODS:
+            self._handle(msg)
+            return
+        try:
+            self._handle(msg)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.error("malformed %s message refused: %s: %s", msg.method, type(exc).__name__, exc)
+            if msg.reply is not None and msg.reply.empty():
+                msg.reply.put({"ok": False, "error": f"malformed {msg.method}: {exc!r}"})
+
                 self._hello(msg)
             case "AgentHeartbeat":
                 self._heartbeat(body)
