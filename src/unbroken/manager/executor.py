@@ -36,6 +36,7 @@ from unbroken.ledger import (
 )
 from unbroken.manager.pods import Spare, agent_argv, assume, let_go, start_pod, start_spare
 from unbroken.policy import (
+    BackOff,
     Command,
     DeviceRef,
     DumpLastWords,
@@ -51,6 +52,7 @@ from unbroken.policy import (
     RestartInPlace,
     RestartProcesses,
     RetryOnline,
+    Running,
     decide,
 )
 from unbroken.policy import Event as PolicyEvent
@@ -103,6 +105,9 @@ class Executor:
         self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
         self._spares_checked_at = 0.0
         self.unplaced: tuple[str, ...] | None = None  # pods waiting for room to be placed
+        #: Commands held back by a ``BackOff`` (a fault recurred without progress): when they
+        #: are due, and what they are. A newer rung's decision replaces them.
+        self.held: tuple[float, tuple[Command, ...]] | None = None
         self._next_placement_at = 0.0
 
     # ---- the policy -------------------------------------------------------------------
@@ -121,8 +126,11 @@ class Executor:
     def _decide_queued(self, now: float) -> None:
         while self._queue and self.m.outcome is None:
             ev = self._queue.pop(0)
-            d = decide(self.m.policy_state, ev, self.m.fh, now)
+            before = self.m.policy_state
+            d = decide(before, ev, self.m.fh, now)
             self.m.policy_state = d.state
+            if self.held is not None and _new_rung(before, d.state):
+                self.held = None  # the commands held back were for a rung given up
             if not d.commands:
                 continue
             strategy = str(d.state.rung) if isinstance(d.state, Recovering) else "none"
@@ -150,7 +158,27 @@ class Executor:
             if self.pending_dump is not None:
                 self.pending_dump.then = tuple(commands[i:])
                 return
+            if isinstance(cmd, BackOff):
+                self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
+                self.m.console.line(f"backing off {cmd.delay_s:.0f} s before recovering")
+                return
             self.execute(cmd, now)
+
+    def poll_held(self, now: float) -> None:
+        """Carry out the commands a ``BackOff`` held back, once they are due."""
+        if self.held is None or now < self.held[0]:
+            return
+        commands = self.held[1]
+        self.held = None
+        if self._deciding:
+            self._run(commands, now)
+            return
+        self._deciding = True
+        try:
+            self._run(commands, now)
+            self._decide_queued(now)
+        finally:
+            self._deciding = False
 
     def execute(self, cmd: Command, now: float) -> None:
         match cmd:
@@ -177,6 +205,8 @@ class Executor:
                 self._recover_on_spare(pod, now)
             case DumpLastWords(timeout_s=timeout_s):
                 self._dump(now, timeout_s)
+            case BackOff():
+                pass  # held by _run: it holds back the commands after it
             case _:
                 self._queue.append(
                     RecoveryFailed(
@@ -806,3 +836,10 @@ class Executor:
             log_path=log_path,
             cwd=m.job.workdir,
         )
+
+
+def _new_rung(before: object, after: object) -> bool:
+    """Whether the decision from ``before`` to ``after`` began another rung or ended the job."""
+    if isinstance(after, Recovering):
+        return not isinstance(before, Recovering) or before.generation != after.generation
+    return after is not before and not isinstance(after, Running)

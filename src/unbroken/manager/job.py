@@ -544,6 +544,7 @@ class JobManager:
         self._phases(now)
         self.executor.poll_rejoin(now)
         self.executor.poll_dump(now)
+        self.executor.poll_held(now)
         self.executor.keep_spares(now)
         self.executor.retry_placement(now)
         self._chaos(now)
@@ -627,7 +628,12 @@ class JobManager:
         if self.incident is None:
             self.incident = Incident(fault_id=fault_id, fault=fault, step_at_fault=step)
         self.executor.policy(
-            PolicyFault(fault=fault, feasibility=self.feasibility(fault, now)), now
+            PolicyFault(
+                fault=fault,
+                feasibility=self.feasibility(fault, now),
+                progress_step=max(step, self.progress_step),
+            ),
+            now,
         )
 
     def feasibility(self, fault: Fault, now: float) -> Feasibility:

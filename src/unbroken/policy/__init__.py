@@ -6,6 +6,7 @@ clock.
 """
 
 from unbroken.policy.commands import (
+    BackOff,
     Command,
     DeviceRef,
     DumpLastWords,
@@ -44,6 +45,7 @@ from unbroken.policy.states import (
 )
 
 __all__ = [
+    "BackOff",
     "Budgets",
     "Command",
     "Decision",

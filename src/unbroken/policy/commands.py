@@ -126,6 +126,14 @@ class FailJob:
     reason: str
 
 
+@dataclass(frozen=True)
+class BackOff:
+    """Hold the commands after this one for ``delay_s``: the fault recurred without progress
+    (:mod:`unbroken.policy.stall`)."""
+
+    delay_s: float
+
+
 Command = (
     RestartProcesses
     | ReschedulePods
@@ -139,4 +147,5 @@ Command = (
     | DumpLastWords
     | HotSwitch
     | FailJob
+    | BackOff
 )

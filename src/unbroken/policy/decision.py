@@ -36,6 +36,14 @@ Running
 - R9  ``SubHealth`` with ``forceExit``/``graceExit`` when rescheduling is off or the hardware
   cap is reached: nothing (the reason says why).
 - R10 stopping fault: an incident starts; the ladder below picks the first rung.
+- R11 stopping fault that finds the job no further than the previous stopping fault did
+  (``progress_step`` not beyond the budgets' mark: a stall, :mod:`unbroken.policy.stall`): as
+  R10, counted (once per round: a fault stamped before the last counted one's rung began is
+  not); from the second stall in a row the rung's commands follow a ``BackOff`` (1, 2, 4, ...
+  s, capped; what is left of it for a rung decided during the wait) and its deadline moves by
+  as much. A fault that finds progress resets the count.
+- R12 a stall beyond ``no_progress_restarts`` in a row: ``FailJob`` (isolation commands first)
+  naming the step the job cannot get past; state ``Failed``.
 
 The ladder (for F; the first rung that is configured, feasible and within budget)
 
@@ -97,6 +105,8 @@ Recovering
   ``SubHealth``: nothing; ``PreSeparateNPU``: as R4.
 - V9  ``JobCompleted``: ``Succeeded``.
 - V10 an outcome event naming another ``generation`` than the current rung's: stale, nothing.
+- V11 a new stopping fault (V7) is counted and backed off as in R11, and ends the job as in
+  R12.
 
 Budgets and timeouts
 --------------------
@@ -129,8 +139,9 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from unbroken.faults import Fault, FaultLevel
-from unbroken.policy import ladder
+from unbroken.policy import ladder, stall
 from unbroken.policy.commands import (
+    BackOff,
     Command,
     DumpLastWords,
     FailJob,
@@ -183,8 +194,8 @@ def decide(state: JobState, event: Event, config: FaultHandling, now: float) -> 
 
 def _running(state: Running, event: Event, config: FaultHandling, now: float) -> Decision:
     match event:
-        case FaultDetected(fault=fault, feasibility=feasibility):
-            return _fault_while_running(state, fault, feasibility, config, now)
+        case FaultDetected(fault=fault, feasibility=feasibility, progress_step=progress):
+            return _fault_while_running(state, fault, feasibility, progress, config, now)
         case JobCompleted(at=at):
             return Decision(Succeeded(state.generation, state.budgets, at), (), "job completed")
         case Tick():
@@ -196,15 +207,21 @@ def _running(state: Running, event: Event, config: FaultHandling, now: float) ->
 
 
 def _fault_while_running(
-    state: Running, fault: Fault, feasibility: Feasibility, config: FaultHandling, now: float
+    state: Running,
+    fault: Fault,
+    feasibility: Feasibility,
+    progress: int | None,
+    config: FaultHandling,
+    now: float,
 ) -> Decision:
     quiet = _quiet_fault(state, fault)
     if quiet is not None:
         return quiet
     if fault.level is FaultLevel.SUB_HEALTH:
         return _sub_health(state, fault, feasibility, config, now)
+    budgets = stall.noted(state.budgets, progress, fault.at, now)
     return _start(
-        _Incident(state.generation, state.budgets, (fault,), feasibility, incident_at=now),
+        _Incident(state.generation, budgets, (fault,), feasibility, incident_at=now),
         config,
         now,
         below=None,
@@ -292,8 +309,8 @@ def _recovering(state: Recovering, event: Event, config: FaultHandling, now: flo
             f"({rung} is generation {state.generation})",
         )
     match event:
-        case FaultDetected(fault=fault, feasibility=feasibility):
-            return _fault_while_recovering(state, fault, feasibility, config, now)
+        case FaultDetected(fault=fault, feasibility=feasibility, progress_step=progress):
+            return _fault_while_recovering(state, fault, feasibility, progress, config, now)
         case RecoveryCompleted():
             running = Running(
                 state.generation, dataclasses.replace(state.budgets, hardware_reschedules=0)
@@ -325,7 +342,12 @@ def _recovering(state: Recovering, event: Event, config: FaultHandling, now: flo
 
 
 def _fault_while_recovering(
-    state: Recovering, fault: Fault, feasibility: Feasibility, config: FaultHandling, now: float
+    state: Recovering,
+    fault: Fault,
+    feasibility: Feasibility,
+    progress: int | None,
+    config: FaultHandling,
+    now: float,
 ) -> Decision:
     if _already_known(fault, state):
         return Decision(state, (), f"{fault.describe()}: already being recovered")
@@ -335,12 +357,13 @@ def _fault_while_recovering(
     if fault.level is FaultLevel.SUB_HEALTH:
         return Decision(state, (), f"{fault.describe()}: not acted on during {state.rung}")
     prefix = f"{fault.describe()} during {state.rung}"
+    budgets = stall.noted(state.budgets, progress, fault.at, now)
     if state.rung is Rung.HOT_SWITCH:
-        incident = _Incident(state.generation, state.budgets, (fault,), feasibility, now)
+        incident = _Incident(state.generation, budgets, (fault,), feasibility, now)
         return _start(incident, config, now, below=None, free=False, prefix=prefix)
     incident = _Incident(
         state.generation,
-        state.budgets,
+        budgets,
         (*state.faults, fault),
         feasibility,
         state.incident_at,
@@ -404,6 +427,11 @@ def _start(
 ) -> Decision:
     """Plan the ladder for the incident and begin its first rung, or fail the job."""
     faults = incident.faults
+    stuck = stall.exhausted(incident.budgets, config.no_progress_restarts)
+    if stuck is not None:
+        reason = f"{prefix}: {stuck}"
+        fail = (*_isolation_commands(faults), FailJob(reason))
+        return Decision(Failed(incident.generation, incident.budgets, reason, now), fail, reason)
     age_s = max([incident.feasibility.fault_age_s, *(now - f.at for f in faults)])
     plan = ladder.plan(
         faults,
@@ -490,6 +518,10 @@ def _begin_rung(
     if dump:
         commands.insert(0, DumpLastWords(ladder.DUMP_TIMEOUT_S))
         timeout_s += ladder.DUMP_TIMEOUT_S
+    delay_s = stall.wait_s(budgets, now)
+    if delay_s > 0:
+        commands.insert(0, BackOff(delay_s))
+        timeout_s += delay_s
     state = Recovering(
         generation=incident.generation + 1,
         budgets=budgets,
@@ -503,6 +535,11 @@ def _begin_rung(
         dumped=incident.dumped or dump,
     )
     action = _describe_rung(rung, pods, budgets, config, dump)
+    if budgets.stalls:
+        action += (
+            f" (fault {budgets.stalls} of {config.no_progress_restarts} in a row without "
+            f"progress{f'; backing off {delay_s:.0f} s' if delay_s else ''})"
+        )
     rank0 = ""
     if incident.feasibility.rank0_pod_faulty and rung is not Rung.JOB_RESCHEDULE:
         rank0 = " (rank-0 pod handled like any pod: the rendezvous store is outside it)"

@@ -31,8 +31,12 @@ class Feasibility:
 
 @dataclass(frozen=True)
 class FaultDetected:
+    """``progress_step``: the highest step the job has ever committed when the fault came
+    (None: unknown; no stall is counted, see :mod:`unbroken.policy.stall`)."""
+
     fault: Fault
     feasibility: Feasibility = Feasibility()
+    progress_step: int | None = None
 
 
 @dataclass(frozen=True)

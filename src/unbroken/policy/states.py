@@ -60,12 +60,19 @@ class Budgets:
     (bounded by ``max_restarts``). ``software_reschedules``: reschedules for software faults
     over the job's life (bounded by ``fault_retry_times``). ``hardware_reschedules``:
     reschedules for hardware faults since the last recovery that committed a step (bounded by
-    :data:`~unbroken.policy.ladder.HARDWARE_RESCHEDULE_CAP`).
+    :data:`~unbroken.policy.ladder.HARDWARE_RESCHEDULE_CAP`). ``progress_mark``: the highest
+    committed step the job had reached at the last stopping fault; ``stalls``: stopping faults
+    in a row that found the job no further than that (:mod:`unbroken.policy.stall`; bounded by
+    ``no_progress_restarts``); ``round_at``: when the rung for the last counted one began
+    (its decision plus its backoff; faults stamped earlier belong to that round).
     """
 
     restarts: tuple[tuple[str, int], ...] = ()
     software_reschedules: int = 0
     hardware_reschedules: int = 0
+    progress_mark: int = -1
+    stalls: int = 0
+    round_at: float = 0.0
 
     def restarts_of(self, pod: str) -> int:
         return dict(self.restarts).get(pod, 0)

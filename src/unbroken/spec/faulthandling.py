@@ -24,6 +24,9 @@ Every value is checked against DESIGN section 2; an unknown or out-of-range valu
   (``HCCL_ASYNC_ERROR_HANDLING``/``TORCH_NCCL_ASYNC_ERROR_HANDLING`` other than 0) defeats
   process-level recovery, which needs the process to survive; with a strategy it is an error.
 - ``--max_restarts 0`` under process-level recovery means 32767, as in the reference.
+- ``no-progress-restarts`` (annotation, Unbroken's own, 1-1000, default 8): stopping faults in a
+  row that find the job no further than the previous one did, before the job fails with that
+  reason (the rungs for them back off exponentially; ``unbroken.policy.stall``).
 - ``MINDIO_WAIT_MINDX_TIME`` below 60 s with ``elastic-training`` and no ``recover`` gets a
   warning (the seed advises at least 60).
 
@@ -49,6 +52,7 @@ from unbroken.spec.knobs import (
     DECISION_WAIT_S_RANGE,
     GRACE_S_RANGE,
     MAX_RESTARTS_DEFAULT,
+    NO_PROGRESS_RESTARTS_RANGE,
     STRATEGY_PRIORITY,
     WAIT_RESCHEDULE_S_RANGE,
     FaultHandling,
@@ -206,6 +210,8 @@ def read_fault_handling(
     configured = parse_strategies(strategy_item, problems) if strategy_item else ()
     wait_item = _get(annotations, "wait-reschedule-timeout", problems)
     wait = _number(wait_item, *WAIT_RESCHEDULE_S_RANGE, problems, "s")
+    stall_item = _get(annotations, "no-progress-restarts", problems)
+    no_progress = _number(stall_item, *NO_PROGRESS_RESTARTS_RANGE, problems)
 
     rungs = tuple(s for s in configured if s in PROCESS_RUNGS)
     strategies = (*rungs, Strategy.EXIT) if configured else ()
@@ -316,6 +322,9 @@ def read_fault_handling(
         wait_reschedule_s=float(wait) if wait is not None else FaultHandling.wait_reschedule_s,
         decision_wait_s=decision_wait,
         max_restarts=effective_restarts,
+        no_progress_restarts=(
+            no_progress if no_progress is not None else FaultHandling.no_progress_restarts
+        ),
         monitor_interval_s=(
             monitor_interval_s
             if monitor_interval_s is not None

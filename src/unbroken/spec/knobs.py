@@ -97,6 +97,10 @@ WAIT_RESCHEDULE_S_RANGE = (30.0, 270.0)
 DECISION_WAIT_S_DEFAULT = 30.0  # MINDIO_WAIT_MINDX_TIME
 DECISION_WAIT_S_RANGE = (1.0, 3600.0)
 MAX_RESTARTS_DEFAULT = 32767
+#: Stopping faults in a row without a step committed beyond the previous one's, before the job
+#: fails (annotation ``no-progress-restarts``; see ``unbroken.policy.stall``).
+NO_PROGRESS_RESTARTS_DEFAULT = 8
+NO_PROGRESS_RESTARTS_RANGE = (1, 1000)
 MONITOR_INTERVAL_S_DEFAULT = 5.0
 LIST_WATCH_PERIOD_S_DEFAULT = 5.0
 LIST_WATCH_PERIOD_S_RANGE = (3.0, 1800.0)
@@ -122,6 +126,7 @@ class FaultHandling:
     wait_reschedule_s: float = WAIT_RESCHEDULE_S_DEFAULT
     decision_wait_s: float = DECISION_WAIT_S_DEFAULT
     max_restarts: int = MAX_RESTARTS_DEFAULT
+    no_progress_restarts: int = NO_PROGRESS_RESTARTS_DEFAULT
     monitor_interval_s: float = MONITOR_INTERVAL_S_DEFAULT
     op_retry: OpRetry = field(default_factory=OpRetry)
     framework: Framework = Framework.PYTORCH

@@ -12,6 +12,7 @@ import pytest
 import unbroken.policy.decision as decision_module
 from unbroken.faults import Fault, FaultKind, FaultLevel
 from unbroken.policy import (
+    BackOff,
     Budgets,
     DeviceRef,
     DumpLastWords,
@@ -44,6 +45,7 @@ from unbroken.policy import (
     decide,
 )
 from unbroken.policy.commands import Command
+from unbroken.policy.ladder import PROCESS_RESTART_TIMEOUT_S
 from unbroken.spec.knobs import (
     STRATEGY_PRIORITY,
     FaultHandling,
@@ -115,6 +117,11 @@ def proc(*strategies: Strategy, **changes: object) -> FaultHandling:
 
 def fault(f: Fault, feasibility: Feasibility = ALL, **changes: object) -> FaultDetected:
     return FaultDetected(f, dataclasses.replace(feasibility, **changes))  # type: ignore[arg-type]
+
+
+def at_step(f: Fault, progress_step: int) -> FaultDetected:
+    """``f`` reported when the job had committed up to ``progress_step``."""
+    return FaultDetected(f, ALL, progress_step=progress_step)
 
 
 def recovering(
@@ -314,6 +321,84 @@ ROWS = {
         (RestartProcesses("worker-1", (3,)),),
         "process-exit exit:1 (RestartBusiness) on pod worker-1 node n1 rank 3: in-pod restart",
         Recovering,
+    ),
+    # --- faults that recur without progress ----------------------------------------------------
+    "R11-first-fault-sets-the-mark": Row(
+        Running(),
+        at_step(crash(), 10),
+        NONE,
+        (RestartProcesses("worker-1", (3,)),),
+        "in-pod restart (worker-1 1 of 3)",
+        Recovering,
+        budgets_are(restarts=(("worker-1", 1),), progress_mark=10, stalls=0, round_at=NOW),
+    ),
+    "R11-first-stall-restarts-at-once": Row(
+        Running(budgets=Budgets(progress_mark=10)),
+        at_step(crash(), 10),
+        NONE,
+        (RestartProcesses("worker-1", (3,)),),
+        "in-pod restart (worker-1 1 of 3) (fault 1 of 8 in a row without progress)",
+        Recovering,
+        budgets_are(restarts=(("worker-1", 1),), progress_mark=10, stalls=1, round_at=NOW),
+    ),
+    "R11-second-stall-backs-off": Row(
+        Running(budgets=Budgets(progress_mark=10, stalls=1)),
+        at_step(crash(), 10),
+        NONE,
+        (BackOff(1.0), RestartProcesses("worker-1", (3,))),
+        "(fault 2 of 8 in a row without progress; backing off 1 s)",
+        Recovering,
+        rung_is(Rung.PROCESS_RESTART, NOW + PROCESS_RESTART_TIMEOUT_S + 1.0),
+    ),
+    "R11-backoff-doubles": Row(
+        Running(budgets=Budgets(progress_mark=10, stalls=3)),
+        at_step(crash(), 7),
+        NONE,
+        (BackOff(4.0), RestartProcesses("worker-1", (3,))),
+        "(fault 4 of 8 in a row without progress; backing off 4 s)",
+        Recovering,
+    ),
+    "R11-backoff-capped": Row(
+        Running(budgets=Budgets(progress_mark=10, stalls=40)),
+        at_step(crash(), 10),
+        dataclasses.replace(NONE, no_progress_restarts=100),
+        (BackOff(30.0), RestartProcesses("worker-1", (3,))),
+        "backing off 30 s",
+        Recovering,
+    ),
+    "R11-progress-resets-the-count": Row(
+        Running(budgets=Budgets(progress_mark=10, stalls=5)),
+        at_step(crash(), 11),
+        NONE,
+        (RestartProcesses("worker-1", (3,)),),
+        "in-pod restart (worker-1 1 of 3)",
+        Recovering,
+        budgets_are(restarts=(("worker-1", 1),), progress_mark=11, stalls=0, round_at=NOW),
+    ),
+    "R11-unknown-progress-counts-nothing": Row(
+        Running(budgets=Budgets(progress_mark=10, stalls=8)),
+        fault(crash()),
+        NONE,
+        (RestartProcesses("worker-1", (3,)),),
+        "in-pod restart (worker-1 1 of 3) (fault 8 of 8",
+        Recovering,
+    ),
+    "R12": Row(
+        Running(budgets=Budgets(progress_mark=10, stalls=8)),
+        at_step(crash(), 10),
+        NONE,
+        (FailJob(""),),
+        "process-exit exit:1 (RestartBusiness) on pod worker-1 node n1 rank 3: no progress: 9 "
+        "faults in a row with no step committed beyond step 10 (no-progress-restarts 8)",
+        Failed,
+    ),
+    "R12-never-a-step": Row(
+        Running(budgets=Budgets(progress_mark=0, stalls=2)),
+        at_step(SEP, 0),
+        dataclasses.replace(POD, no_progress_restarts=2),
+        (IsolateDevice("n1", 3, FaultLevel.SEPARATE_NPU), FailJob("")),
+        "no progress: 3 faults in a row with no step committed at all (no-progress-restarts 2)",
+        Failed,
     ),
     # --- the ladder: process level -------------------------------------------------------------
     "L0-pause": Row(
@@ -948,6 +1033,36 @@ ROWS = {
         "recovered by recover in 3.0 s",
         Running,
         now=NOW + 3.0,
+    ),
+    "V11": Row(
+        recovering(Rung.PROCESS_RESTART, budgets=Budgets(progress_mark=0, stalls=2)),
+        at_step(crash("master-0", (0,), at=NOW + 1.0), 0),
+        NONE,
+        (BackOff(2.0), RestartProcesses("master-0", (0,)), RestartProcesses("worker-1", (3,))),
+        "during process-restart: in-pod restart (master-0 1 of 3, worker-1 1 of 3) (fault 3 of "
+        "8 in a row without progress; backing off 2 s)",
+        Recovering,
+        now=NOW + 1.0,
+    ),
+    "V11-same-round-counts-once": Row(
+        recovering(
+            Rung.PROCESS_RESTART, budgets=Budgets(progress_mark=0, stalls=2, round_at=NOW + 2.0)
+        ),
+        at_step(crash("master-0", (0,), at=NOW + 0.5), 0),
+        NONE,
+        (BackOff(1.5), RestartProcesses("master-0", (0,)), RestartProcesses("worker-1", (3,))),
+        "(fault 2 of 8 in a row without progress; backing off 2 s)",
+        Recovering,
+        now=NOW + 0.5,
+    ),
+    "V11-ends-the-job": Row(
+        recovering(Rung.PROCESS_RESTART, budgets=Budgets(progress_mark=0, stalls=3)),
+        at_step(crash("master-0", (0,), at=NOW + 1.0), 0),
+        dataclasses.replace(NONE, no_progress_restarts=3),
+        (FailJob(""),),
+        "during process-restart: no progress: 4 faults in a row with no step committed at all",
+        Failed,
+        now=NOW + 1.0,
     ),
     "V9": Row(
         recovering(Rung.RETRY, uce()),

@@ -243,6 +243,16 @@ def test_out_of_range_numbers(tmp_path: Path) -> None:
     ]
 
 
+def test_no_progress_restarts_is_read_and_bounded(tmp_path: Path) -> None:
+    assert load_job(write(tmp_path, job_text())).fault_handling.no_progress_restarts == 8
+    text = job_text(annotations='    no-progress-restarts: "3"')
+    assert load_job(write(tmp_path, text)).fault_handling.no_progress_restarts == 3
+    assert errors(tmp_path, job_text(annotations='    no-progress-restarts: "0"')) == [
+        ":10: metadata.annotations.no-progress-restarts: no-progress-restarts is out of range: "
+        "got '0'; allowed: a whole number 1-1000"
+    ]
+
+
 def test_malformed_op_retry_params(tmp_path: Path) -> None:
     env = '                - name: HCCL_OP_RETRY_PARAMS\n                  value: "MaxCnt:30"'
     (message, *_rest) = errors(tmp_path, job_text(env=env))
