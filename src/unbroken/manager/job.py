@@ -81,6 +81,10 @@ from unbroken.worker.linkfault import LinkFaultError, reset_links
 log = logging.getLogger(__name__)
 
 
+# Messages that come from the network (agents, ``unbroken inject``), not from this process.
+_PEER_METHODS = frozenset({"AgentHello", "AgentHeartbeat", "AgentReport", "Inject"})
+
+
 class ManagerError(RuntimeError):
     """The job could not be started or run; the message says why."""
 
@@ -255,9 +259,9 @@ class JobManager:
             while self.outcome is None:
                 try:
                     msg = self.inbox.get(timeout=0.05)
-                    self._handle(msg)
+                    self._handle_one(msg)
                     while self.outcome is None:
-                        self._handle(self.inbox.get_nowait())
+                        self._handle_one(self.inbox.get_nowait())
                 except queue.Empty:
                     pass
                 if self.outcome is None:
@@ -298,14 +302,6 @@ class JobManager:
         self.console.line(("succeeded: " if succeeded else "FAILED: ") + reason)
 
     # ---- inbox ------------------------------------------------------------------------
-    def _handle(self, msg: Inbound) -> None:
-        body = msg.body
-        match msg.method:
-            case "AgentHello":
-    def _handle(self, msg: Inbound) -> None:
-        body = msg.body
-        match msg.method:
-            case "AgentHello":
     def _handle_one(self, msg: Inbound) -> None:
         """Handle one message; a malformed one (a field missing or of the wrong type) from an
         authenticated peer is refused and logged, and the control plane goes on."""
@@ -319,6 +315,10 @@ class JobManager:
             if msg.reply is not None and msg.reply.empty():
                 msg.reply.put({"ok": False, "error": f"malformed {msg.method}: {exc!r}"})
 
+    def _handle(self, msg: Inbound) -> None:
+        body = msg.body
+        match msg.method:
+            case "AgentHello":
                 self._hello(msg)
             case "AgentHeartbeat":
                 self._heartbeat(body)
