@@ -7,7 +7,9 @@ rendezvous puts no per-attempt prefix on its keys, so a store shared across roun
 restarted ranks the addresses of dead ones (the stale-store trap of torchrun); a fresh store per
 round cannot. When a local rank fails, its agent moves the shared round counter forward (compare
 and set, so two agents failing together make one round); every agent that sees a newer round
-restarts its ranks into it. ``--max_restarts`` bounds the rounds. Without a job manager there is
+restarts its ranks into it. ``--max_restarts`` bounds the rounds; rounds that end within
+``QUICK_ROUND_S`` of their start back off and, past the no-progress default, end the launch
+(:mod:`unbroken.policy.stall`). Without a job manager there is
 no rescheduling and no process-level recovery: this mode exists so the same scripts and command
 lines work with and without the control plane.
 """
@@ -26,7 +28,9 @@ from pathlib import Path
 from unbroken.agent.env import rank_env
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.ranks import RankExit, RankProcess, rank_argv
+from unbroken.policy import stall
 from unbroken.rpc.store import host_store
+from unbroken.spec.knobs import NO_PROGRESS_RESTARTS_DEFAULT
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,8 @@ def run_standalone(args: LaunchArgs) -> int:
         return procs
 
     procs = start(generation)
+    round_began = time.monotonic()
+    stalls = 0  # rounds in a row that ended quickly (unbroken.policy.stall)
     done: set[int] = set()
     while True:
         failed = False
@@ -114,6 +120,16 @@ def run_standalone(args: LaunchArgs) -> int:
             store.compare_set(_ROUND, str(generation), str(generation + 1))
             current = int(store.get(_ROUND).decode())
         if current != generation:
+            stalls = stall.after_round(stalls, time.monotonic() - round_began)
+            if stalls > NO_PROGRESS_RESTARTS_DEFAULT:
+                print(
+                    f"unbroken launch: giving up: {stalls} rounds in a row ended within "
+                    f"{stall.QUICK_ROUND_S:.0f} s of their start (no progress; see the rank logs)",
+                    file=sys.stderr,
+                )
+                for p in procs.values():
+                    p.kill()
+                return 1
             if restarts >= args.max_restarts:
                 print(
                     f"unbroken launch: giving up after {restarts} restarts (--max_restarts)",
@@ -132,6 +148,10 @@ def run_standalone(args: LaunchArgs) -> int:
             generation = current
             done.clear()
             print(f"unbroken launch: restarting ranks into round {generation}", file=sys.stderr)
+            if (delay_s := stall.backoff_s(stalls)) > 0:
+                print(f"unbroken launch: backing off {delay_s:.0f} s", file=sys.stderr)
+                time.sleep(delay_s)
+            round_began = time.monotonic()
             procs = start(generation)
     store.add(_DONE, 1)
     if is_host:

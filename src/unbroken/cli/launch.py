@@ -28,6 +28,20 @@ def run(args: argparse.Namespace) -> int:  # pragma: no cover - dispatched throu
     raise AssertionError("launch is dispatched by main()")
 
 
+def _missing_script(script: str, module: bool, no_python: bool) -> str:
+    """Why the training script cannot be started, or "" (a module or an executable on PATH is
+    left to its interpreter or the shell to find)."""
+    if module:
+        return ""
+    if no_python:
+        if os.sep in script and not os.access(script, os.X_OK):
+            return f"training script {script!r} is not an executable file (--no-python)"
+        return ""
+    if not os.path.isfile(script):
+        return f"training script {script!r} not found (looked in {os.getcwd()})"
+    return ""
+
+
 def main(argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=os.environ.get("UNBROKEN_LOG_LEVEL", "WARNING"),
@@ -43,6 +57,11 @@ def main(argv: Sequence[str]) -> int:
     settings = AgentSettings.from_env(os.environ)
     if settings is None:
         from unbroken.agent.standalone import run_standalone
+
+        missing = _missing_script(args.script, args.module, args.no_python)
+        if missing:
+            print(f"unbroken launch: {missing}", file=sys.stderr)
+            return 1
 
         return run_standalone(args)
     try:

@@ -24,6 +24,9 @@ from unbroken.policy.states import Budgets
 BACKOFF_BASE_S = 1.0
 #: The longest wait before a rung.
 BACKOFF_CAP_S = 30.0
+#: ``unbroken launch`` without a control plane sees no steps: a round of ranks that ends sooner
+#: than this after it started counts as a round without progress.
+QUICK_ROUND_S = 60.0
 
 
 def noted(budgets: Budgets, progress_step: int | None, fault_at: float, now: float) -> Budgets:
@@ -66,3 +69,10 @@ def exhausted(budgets: Budgets, limit: int) -> str | None:
         f"no progress: {budgets.stalls} faults in a row with no step committed {where} "
         f"(no-progress-restarts {limit}); the fault recurs at the same place"
     )
+
+
+def after_round(stalls: int, lasted_s: float) -> int:
+    """Rounds in a row without progress, after one that lasted ``lasted_s`` (``unbroken launch``
+    without a control plane: a quick round is one without progress, a long one starts the count
+    again)."""
+    return stalls + 1 if lasted_s < QUICK_ROUND_S else 0
