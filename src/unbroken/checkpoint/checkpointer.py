@@ -1,7 +1,8 @@
 """Periodic checkpoints with torch.distributed.checkpoint: asynchronous save, atomic commit.
 
 A save stages the state (model and optimizer through ``get_state_dict``, plus this rank's
-``extra`` tensors under the per-rank key ``ranks.<rank>``) into CPU memory on the caller's
+``extra`` tensors under the per-rank key ``ranks.<rank>``, and the ``shared`` tensors of the
+state every rank holds alike under ``state``) into CPU memory on the caller's
 thread, then writes it in the background with ``dcp.async_save`` over a process group reserved
 for checkpointing, so the background collectives never interleave with the training's own on
 the default group. When every rank's files are written, rank 0 commits the checkpoint by
@@ -60,6 +61,17 @@ from unbroken.checkpoint.manifest import (
 logger = logging.getLogger(__name__)
 
 _RANKS = "ranks"
+_SHARED = "state"
+
+
+def _tensors_under(metadata: Metadata, prefix: str) -> dict[str, torch.Tensor]:
+    """Empty tensors for every tensor entry of the checkpoint under ``prefix`` (keys without
+    it), ready to load into."""
+    return {
+        key[len(prefix) :]: torch.empty(md.size, dtype=md.properties.dtype)
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+    }
 
 
 class CheckpointError(RuntimeError):
@@ -74,6 +86,7 @@ class Restored:
     path: Path
     world_size: int  # of the run that saved it
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # this rank's; {} if none
+    shared: dict[str, torch.Tensor] = field(default_factory=dict)  # every rank's alike
 
 
 @dataclass
@@ -139,6 +152,7 @@ class Checkpointer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         extra: Mapping[str, torch.Tensor] | None = None,
+        shared: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """Start saving the state after ``step`` committed steps; returns once it is staged."""
         self.wait()
@@ -151,6 +165,8 @@ class Checkpointer:
             "optim": optim_sd,
             _RANKS: {str(self.rank): dict(extra or {})},
         }
+        if shared:
+            state[_SHARED] = dict(shared)
         upload = async_save(
             state,
             checkpoint_id=path,
@@ -248,6 +264,7 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         ranks_extra: Mapping[int, Mapping[str, torch.Tensor]],
         world_size: int,
+        shared: Mapping[str, torch.Tensor] | None = None,
     ) -> Path:
         """Write the state after ``step`` committed steps as the checkpoint of a job of
         ``world_size`` ranks, from this process alone, synchronously; returns its directory.
@@ -276,6 +293,8 @@ class Checkpointer:
                 "optim": optim_sd,
                 _RANKS: {str(r): dict(extra) for r, extra in ranks_extra.items()},
             }
+            if shared:
+                state[_SHARED] = dict(shared)
             metadata = dcp_save(state, checkpoint_id=tmp, no_dist=True)
             files = {info.relative_path for info in metadata.storage_data.values()}
             files.add(".metadata")
@@ -334,11 +353,8 @@ class Checkpointer:
         path = step_dir(self.root, step)
         manifest = verify(path, hashes=False)
         metadata = FileSystemReader(path).read_metadata()
-        prefix = f"{_RANKS}.{self.rank}."
-        extra: dict[str, torch.Tensor] = {}
-        for key, md in metadata.state_dict_metadata.items():
-            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata):
-                extra[key[len(prefix) :]] = torch.empty(md.size, dtype=md.properties.dtype)
+        extra = _tensors_under(metadata, f"{_RANKS}.{self.rank}.")
+        shared = _tensors_under(metadata, f"{_SHARED}.")
         if not extra and manifest.world_size != self.world_size:
             logger.warning(
                 "checkpoint %s was saved by %d ranks, this run has %d: rank %d has no "
@@ -352,6 +368,8 @@ class Checkpointer:
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if extra:
             state[_RANKS] = {str(self.rank): extra}
+        if shared:
+            state[_SHARED] = shared
         try:
             dcp_load(
                 state, checkpoint_id=path, process_group=self.pg, no_dist=not self._distributed
@@ -363,7 +381,9 @@ class Checkpointer:
         )
         self._barrier()
         logger.info("restored checkpoint %s (step %d)", path, step)
-        return Restored(step=step, path=path, world_size=manifest.world_size, extra=extra)
+        return Restored(
+            step=step, path=path, world_size=manifest.world_size, extra=extra, shared=shared
+        )
 
     def _barrier(self) -> None:
         if self._distributed:

@@ -5,7 +5,7 @@ Import it as ``import unbroken.worker as ub`` and call :func:`ub.init` after
 standard library only, never the control plane, the CLI, grpc or yaml. The heartbeat format
 (:mod:`unbroken.worker.heartbeat`) does not even import torch: importing this package is
 torch-free until a torch-backed name (``init``, ``Session``, ``TrainingStopped``,
-``state_digest``) is first used, so the node agent reads heartbeats without torch.
+``RecoveryFailed``, ``ReplicasDiverged``, ``state_digest``) is first used, so the node agent reads heartbeats without torch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from unbroken.worker.heartbeat import (
 from unbroken.worker.stop import STOP_EXIT_CODE
 
 if TYPE_CHECKING:
+    from unbroken.worker.agreement import ReplicasDiverged
     from unbroken.worker.digest import state_digest
     from unbroken.worker.recovery import RecoveryFailed
     from unbroken.worker.session import Session, TrainingStopped, init
@@ -34,6 +35,7 @@ __all__ = [
     "HeartbeatWriter",
     "Phase",
     "RecoveryFailed",
+    "ReplicasDiverged",
     "Session",
     "TrainingStopped",
     "init",
@@ -46,6 +48,7 @@ _LAZY = {
     "TrainingStopped": "unbroken.worker.session",
     "state_digest": "unbroken.worker.digest",
     "RecoveryFailed": "unbroken.worker.recovery",
+    "ReplicasDiverged": "unbroken.worker.agreement",
 }
 
 

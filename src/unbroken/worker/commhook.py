@@ -31,9 +31,11 @@ DDP's own collectives are taken off the network: the hook moves DDP to a process
 rank alone, so its bucket-rebuild broadcast and its map of used parameters cannot fail and
 cannot disagree between ranks that started at different times. The map of used parameters
 therefore stays local: every rank must use the same parameters in a step (a parameter unused on
-one rank but used on another would keep that rank's gradient unset). The session refuses DDP
-configurations that need DDP's own group for more (buffer broadcasts before each forward,
-mixed precision, delayed all-reduce).
+one rank but used on another would keep that rank's gradient unset). DDP's broadcast of the
+module's buffers before each forward (``broadcast_buffers`` at its default) goes through a
+buffer hook of :class:`GradSync` over the same group as the gradients, and fails the step the
+same way. The session refuses DDP configurations that need DDP's own group for more (mixed
+precision, delayed all-reduce).
 
 *Op retry* (:mod:`unbroken.worker.opretry`, on when the job enables ``HCCL_OP_RETRY_ENABLE``
 for the gradient group's level): the hook keeps a copy of every buffer (fixed buckets) or
@@ -54,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket, ProcessGroupGloo
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _BufferCommHookLocation
 
 from unbroken.worker.opretry import OpRetrier, wait_all
 
@@ -71,11 +74,6 @@ class SyncFailure:
 def unsupported_reason(ddp: DistributedDataParallel) -> str | None:
     """Why this DDP module cannot have its gradients averaged by :class:`GradSync` (None: it
     can)."""
-    if ddp.will_sync_module_buffers():  # type: ignore[no-untyped-call]
-        return (
-            "DDP broadcasts the module's buffers from rank 0 before every forward over its own "
-            "process group; build it with broadcast_buffers=False"
-        )
     if ddp.mixed_precision is not None or getattr(ddp, "_delay_all_reduce_all_params", False):
         return "DDP runs its own gradient hook (mixed precision or delayed all-reduce)"
     if not ddp.require_backward_grad_sync:
@@ -115,8 +113,30 @@ class GradSync:
             raise ValueError(reason)
         sync = cls(ddp, group)
         ddp.register_comm_hook(sync, _allreduce_hook)
+        if ddp.will_sync_module_buffers():  # type: ignore[no-untyped-call]
+            ddp._register_buffer_comm_hook(
+                sync, _broadcast_buffers_hook, _BufferCommHookLocation.PRE_FORWARD
+            )
         sync.attach(group)
         return sync
+
+    def broadcast_buffers(self, buffers: list[torch.Tensor]) -> None:
+        """DDP's buffer sync before a forward: rank 0's buffers to every rank, over the group
+        the hook reduces over; a failure fails the step, like a failed gradient collective."""
+        if self.failure is not None or not buffers:
+            return
+        try:
+            if self.own is not None:
+                for buffer in buffers:
+                    self.own.broadcast([buffer]).wait()  # type: ignore[attr-defined]
+            elif self.group is None:
+                raise RuntimeError("no process group: this rank left it")
+            else:
+                dist._broadcast_coalesced(  # type: ignore[attr-defined]
+                    self.group, buffers, self.ddp.broadcast_bucket_size, 0
+                )
+        except Exception as e:
+            self._fail(e)
 
     def attach(self, group: dist.ProcessGroup) -> None:
         """Average over ``group`` from now on (after the process group was replaced)."""
@@ -144,6 +164,18 @@ class GradSync:
             self.own.barrier().wait()  # type: ignore[attr-defined]
         else:
             dist.barrier(group=self.group)
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """All-gather ``tensor`` over the group the hook reduces over (an op retry replaced
+        it): what the session's agreement check runs on."""
+        gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        if self.own is not None:
+            self.own.allgather([gathered], [tensor]).wait()  # type: ignore[attr-defined]
+        elif self.group is None:
+            raise RuntimeError("no process group: this rank left it")
+        else:
+            dist.all_gather(gathered, tensor, group=self.group)
+        return gathered
 
     def detach(self) -> None:
         """Let go of the process group (a gloo group closes its connections only when the
@@ -350,6 +382,10 @@ def _drain(works: list[tuple[dist.Work, torch.Tensor]]) -> None:
 
 def _allreduce_hook(state: GradSync, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     return state._on_bucket(bucket)
+
+
+def _broadcast_buffers_hook(state: GradSync, buffers: dict[str, torch.Tensor]) -> None:
+    state.broadcast_buffers(list(buffers.values()))
 
 
 # DDP checks a hook's annotations against the classes themselves, not against their names

@@ -34,7 +34,8 @@ def state_digest(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _update(digest: Any, value: object) -> None:
+def update_digest(digest: Any, value: object) -> None:
+    """Feed ``value`` (tensors, mappings, sequences, scalars) into the hash ``digest``."""
     if isinstance(value, torch.Tensor):
         tensor = value.detach().cpu().contiguous()
         digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
@@ -43,12 +44,12 @@ def _update(digest: Any, value: object) -> None:
         digest.update(b"{")
         for key in sorted(value, key=repr):
             digest.update(repr(key).encode())
-            _update(digest, value[key])
+            update_digest(digest, value[key])
         digest.update(b"}")
     elif isinstance(value, list | tuple):
         digest.update(b"(" if isinstance(value, tuple) else b"[")
         for item in value:
-            _update(digest, item)
+            update_digest(digest, item)
         digest.update(b"]")
     else:
         digest.update(f"{type(value).__name__}:{value!r};".encode())
@@ -61,6 +62,6 @@ def training_state_digest(
     ``state_dict`` (state tensors and scalars, hyperparameters of every group) and the number
     of committed steps: two ranks with the same digest continue bitwise identically."""
     digest = hashlib.sha256(state_digest(module).encode())
-    _update(digest, optimizer.state_dict())
+    update_digest(digest, optimizer.state_dict())
     digest.update(f"committed:{committed}".encode())
     return digest.digest()

@@ -50,9 +50,12 @@ step boundary: there is no one to send the command.
 Limits: the script must not run other collectives between ``init_process_group`` and
 ``unbroken.worker.init``, nor inside a step outside DDP's backward (those would fail as
 exceptions of their own); DDP's constructor must run its default initial synchronisation
-(``init_sync=True``), and a model with buffers needs ``broadcast_buffers=False``; every rank must
-use the same parameters in a step (see :mod:`unbroken.worker.commhook`); LR schedulers and other
-state outside the model and optimizer are not repaired; a rank's random generators are
+(``init_sync=True``); buffers are broadcast from rank 0 before each forward as DDP does
+(``broadcast_buffers`` at its default) or not at all (``broadcast_buffers=False``), while
+``forward_sync_buffers=False`` is not supported; every rank must use the same parameters in a
+step (see :mod:`unbroken.worker.commhook`); state outside the model, the optimizer and the
+objects registered with the session (:mod:`unbroken.worker.trainstate`) is not repaired; a
+rank's random generators are
 reproduced on a replacement only with ``seed=`` given to ``unbroken.worker.init``. A peer that
 hangs (SIGSTOP) blocks the others' collective until the group's timeout or until it is killed;
 the manager kills a hung rank, which makes the others fail at once.
@@ -97,6 +100,7 @@ from unbroken.worker.opretry import (
 )
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.steprng import StepRng
+from unbroken.worker.trainstate import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +108,11 @@ logger = logging.getLogger(__name__)
 JOIN = "UNBROKEN_JOIN"
 
 
-class RecoveryFailed(RuntimeError):
-    """In-process recovery could not bring this rank back; the process must not train on."""
+class RecoveryFailed(BaseException):
+    """In-process recovery could not bring this rank back; the process must not train on.
+
+    A ``BaseException``, like ``SystemExit``: a script's ``except Exception`` does not swallow
+    it, so the rank cannot train on over a failed recovery."""
 
 
 @dataclass(frozen=True)
@@ -153,14 +160,15 @@ class Recovery:
         settings: RecoverySettings,
         *,
         ddp: DistributedDataParallel,
-        optimizer: torch.optim.Optimizer,
+        state: TrainState,
         rng: StepRng,
         heartbeat: HeartbeatWriter | None,
         generation: int,
     ) -> None:
         self.settings = settings
         self.ddp = ddp
-        self.optimizer = optimizer
+        self.state = state
+        self.optimizer = state.optimizer
         self.rng = rng
         self.heartbeat = heartbeat
         self.generation = generation
@@ -193,15 +201,14 @@ class Recovery:
         #: Writes the last words of ``step`` committed steps (set by the session); None:
         #: this rank cannot (no checkpoint directory).
         self.last_words: Callable[[int], Path] | None = None
-        _wrap_optimizer_step(optimizer, self)
+        _wrap_optimizer_step(state.optimizer, self)
 
     @classmethod
     def for_model(
         cls,
         settings: RecoverySettings,
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        state: TrainState,
         rng: StepRng | None,
         heartbeat: HeartbeatWriter | None,
         generation: int,
@@ -210,6 +217,7 @@ class Recovery:
         """Recovery for a DDP model on more than one rank, when DDP's configuration allows it
         (None otherwise: a replacement process then cannot start, anything else trains on
         without it)."""
+        model = state.model
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         if not isinstance(model, DistributedDataParallel) or ranks < 2:
             if settings.join:
@@ -228,7 +236,7 @@ class Recovery:
         recovery = cls(
             settings,
             ddp=model,
-            optimizer=optimizer,
+            state=state,
             rng=rng or StepRng(None, snapshot=settings.mailbox is not None),
             heartbeat=heartbeat,
             generation=generation,
@@ -474,9 +482,11 @@ class Recovery:
                 generation=command.generation,
                 rank=command.rank,
             )
+            if regroup:
+                # What the failed step changed goes back before the replicas compare.
+                self.state.rollback(committed)
             repaired = repair(
-                self.ddp,
-                self.optimizer,
+                self.state,
                 committed,
                 source=command.source,
                 step=command.step,
@@ -484,10 +494,11 @@ class Recovery:
                 fresh=self.joining and self.recoveries == 0,
                 timeout_s=self.settings.comm_timeout_s,
             )
+        except RecoveryFailed:
+            self._abandon()
+            raise
         except (ReplicaError, RuntimeError) as e:
             self._abandon()
-            if isinstance(e, RecoveryFailed):
-                raise
             raise RecoveryFailed(
                 f"rank {command.rank}: recovery into generation {command.generation} "
                 f"(replica source rank {command.source}, step {command.step}) failed: {e}"
@@ -560,11 +571,10 @@ class Recovery:
         params = self.ddp._build_params_for_reducer()[0]  # type: ignore[no-untyped-call]
         dist._verify_params_across_processes(group, params, None)  # type: ignore[attr-defined]
         ignore = self.ddp.parameters_to_ignore
-        copies = [
-            p.detach().clone()
-            for name, p in self.ddp.module.named_parameters()
-            if name not in ignore
-        ]
+        module = self.ddp.module
+        copies = [p.detach().clone() for name, p in module.named_parameters() if name not in ignore]
+        if self.ddp.forward_sync_buffers:  # then DDP's constructor broadcast the buffers too
+            copies += [b.detach().clone() for n, b in module.named_buffers() if n not in ignore]
         if copies:
             dist._broadcast_coalesced(  # type: ignore[attr-defined]
                 group, copies, self.ddp.broadcast_bucket_size, 0

@@ -3,7 +3,8 @@
 The protocol runs over a freshly built process group, on every rank of it:
 
 1. **Compare.** Each rank all-gathers ``(committed steps, flags, sha256 digest)`` of its
-   model, optimizer and data position (:func:`unbroken.worker.digest.training_state_digest`).
+   model, optimizer, registered objects and data position
+   (:meth:`unbroken.worker.trainstate.TrainState.digest`).
    The chosen source must have committed exactly the step the job resumes at and must not
    be suspect (an optimizer update that failed midway, a corrupted memory) nor a replacement
    process.
@@ -11,12 +12,15 @@ The protocol runs over a freshly built process group, on every rank of it:
    source and the receivers form a process group of their own; ranks already equal to the
    source take no part. The source broadcasts a description (JSON, UTF-8, as a uint8 tensor
    after an int64 header with the format version and its length): the model's tensor names,
-   dtypes and shapes, the optimizer's per-parameter state (tensors by reference, scalars
-   inline), its hyperparameter groups, and the committed step count. Then it broadcasts each
+   dtypes and shapes, the optimizer's per-parameter state and hyperparameter groups, the
+   registered objects' state dicts, the data position (:mod:`unbroken.worker.statecodec`:
+   tensors by reference, scalars inline) and the committed step count. Then it broadcasts each
    tensor in the description's order. Nothing is pickled. Receivers check the description
    against their own model and optimizer before anything is written, receive model tensors
-   in place, and load the optimizer state with ``load_state_dict`` (a fresh process has no
-   optimizer state yet: the description says what to allocate).
+   in place, and load the optimizer state and the registered objects with ``load_state_dict``
+   (a fresh process has no optimizer state yet: the description says what to allocate). A
+   replacement process takes the data position; a rank that was alive rewinds its own
+   (:mod:`unbroken.worker.data`).
 3. **Verify.** Every rank all-gathers its digest again; all must equal the source's, or every
    rank raises :class:`ReplicaError` naming the ranks that differ. A run never continues on a
    silently diverged replica.
@@ -37,13 +41,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
-from unbroken.worker.digest import training_state_digest
+from unbroken.worker.statecodec import StateCodecError, decode, encode
+from unbroken.worker.trainstate import TrainState
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 _SUSPECT = 1  # flag: an update failed midway or memory was corrupted on this rank
 _FRESH = 2  # flag: a replacement process that has no training state of its own
 
@@ -84,10 +88,6 @@ class Repaired:
     receivers: tuple[int, ...]  # every rank that did
 
 
-def _module(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 def _gather(state: RankState, group: dist.ProcessGroup | None) -> list[RankState]:
     digest = torch.frombuffer(bytearray(state.digest), dtype=torch.int64)
     mine = torch.cat([torch.tensor([state.committed, state.flags], dtype=torch.int64), digest])
@@ -105,21 +105,18 @@ def _gather(state: RankState, group: dist.ProcessGroup | None) -> list[RankState
 
 
 def local_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    state: TrainState,
     committed: int,
     *,
     suspect: bool = False,
     fresh: bool = False,
 ) -> RankState:
     flags = (_SUSPECT if suspect else 0) | (_FRESH if fresh else 0)
-    digest = training_state_digest(_module(model), optimizer, committed)
-    return RankState(dist.get_rank(), committed, flags, digest)
+    return RankState(dist.get_rank(), committed, flags, state.digest(committed))
 
 
 def repair(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    state: TrainState,
     committed: int,
     *,
     source: int,
@@ -129,7 +126,7 @@ def repair(
     timeout_s: float = 30.0,
 ) -> Repaired:
     """Run the protocol above on the default process group (collective); see the module doc."""
-    me = local_state(model, optimizer, committed, suspect=suspect, fresh=fresh)
+    me = local_state(state, committed, suspect=suspect, fresh=fresh)
     states = _gather(me, None)
     src = states[source]
     if src.fresh or src.suspect or src.committed != step:
@@ -169,12 +166,12 @@ def repair(
         )
         try:
             if me.rank == source:
-                _send(model, optimizer, committed, source, group)
+                _send(state, committed, source, group)
             else:
-                committed = _receive(model, optimizer, source, group)
+                committed = _receive(state, source, group, fresh=fresh)
         finally:
             dist.destroy_process_group(group)
-    after = _gather(local_state(model, optimizer, committed, fresh=False), None)
+    after = _gather(local_state(state, committed, fresh=False), None)
     differ = [
         s
         for s in after
@@ -198,66 +195,46 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
-def _encode(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """A JSON value for ``value``; tensors go to ``tensors`` and are referenced by index."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value.detach().contiguous())
-        return {"tensor": len(tensors) - 1}
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, tuple):
-        return {"tuple": [_encode(v, tensors) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v, tensors) for v in value]
-    raise ReplicaError(f"optimizer state value of type {type(value).__name__} cannot be sent")
-
-
-def _decode(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(value, dict):
-        if "tensor" in value:
-            return tensors[int(value["tensor"])]
-        return tuple(_decode(v, tensors) for v in value["tuple"])
-    if isinstance(value, list):
-        return [_decode(v, tensors) for v in value]
-    return value
-
-
-def describe(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, committed: int
-) -> tuple[dict[str, Any], list[torch.Tensor]]:
+def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """The JSON description of this rank's state and the tensors it references, in order."""
     tensors: list[torch.Tensor] = []
     model_entries = []
-    for name, tensor in _module(model).state_dict().items():
+    for name, tensor in state.module.state_dict().items():
         model_entries.append({"name": name, "tensor": len(tensors)})
         tensors.append(tensor.detach().contiguous())
-    sd = optimizer.state_dict()
-    state = [
-        {"param": int(index), "values": {key: _encode(v, tensors) for key, v in values.items()}}
-        for index, values in sd["state"].items()
-    ]
-    groups = [
-        {key: _encode(v, tensors) for key, v in group.items()} for group in sd["param_groups"]
-    ]
+    try:
+        sd = state.optimizer.state_dict()
+        optimizer = {
+            "state": [
+                {"param": int(index), "values": encode(values, tensors, "optimizer state")}
+                for index, values in sd["state"].items()
+            ],
+            "param_groups": [encode(g, tensors, "optimizer group") for g in sd["param_groups"]],
+        }
+        objects = state.encode_objects(tensors)
+        data = (
+            encode(state.data.position(committed), tensors, "data position")
+            if state.data is not None
+            else None
+        )
+    except StateCodecError as e:
+        raise ReplicaError(str(e)) from None
+    tensors = [t.contiguous() for t in tensors]
     table = [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]
     description = {
         "format": FORMAT,
         "committed": committed,
         "model": model_entries,
-        "optimizer": {"state": state, "param_groups": groups},
+        "optimizer": optimizer,
+        "objects": objects,
+        "data": data,
         "tensors": table,
     }
     return description, tensors
 
 
-def _send(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    committed: int,
-    source: int,
-    group: dist.ProcessGroup,
-) -> None:
-    description, tensors = describe(model, optimizer, committed)
+def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> None:
+    description, tensors = describe(state, committed)
     payload = torch.frombuffer(bytearray(json.dumps(description).encode()), dtype=torch.uint8)
     header = torch.tensor([FORMAT, payload.numel()], dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
@@ -293,12 +270,15 @@ def _check_model(
             )
 
 
-def _receive(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    source: int,
-    group: dist.ProcessGroup,
-) -> int:
+def _group_size(encoded: Any) -> int:
+    """How many parameters an encoded optimizer parameter group holds."""
+    for key, value in encoded["dict"]:
+        if key == "params":
+            return len(value)
+    raise ReplicaError("the replica's optimizer parameter group has no params")
+
+
+def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh: bool) -> int:
     header = torch.empty(2, dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
     if int(header[0]) != FORMAT:
@@ -309,14 +289,14 @@ def _receive(
     dist.broadcast(payload, src=source, group=group)
     description = json.loads(payload.numpy().tobytes().decode())
     table: list[dict[str, Any]] = description["tensors"]
-    own = _module(model).state_dict()
+    own = state.module.state_dict()
     _check_model(own, description["model"], table)
-    own_groups = optimizer.state_dict()["param_groups"]
-    sent_groups = description["optimizer"]["param_groups"]
-    if [len(g["params"]) for g in own_groups] != [len(g["params"]) for g in sent_groups]:
+    own_groups = state.optimizer.state_dict()["param_groups"]
+    sent_sizes = [_group_size(g) for g in description["optimizer"]["param_groups"]]
+    if [len(g["params"]) for g in own_groups] != sent_sizes:
         raise ReplicaError(
             "the replica's optimizer has parameter groups of sizes "
-            f"{[len(g['params']) for g in sent_groups]}, this rank's "
+            f"{sent_sizes}, this rank's "
             f"{[len(g['params']) for g in own_groups]}"
         )
     # Model tensors are received in place; optimizer tensors into fresh buffers.
@@ -338,10 +318,21 @@ def _receive(
             received = tensors[int(entry["tensor"])]
             if received is not tensor:
                 tensor.copy_(received)
-    state = {
-        int(item["param"]): {k: _decode(v, tensors) for k, v in item["values"].items()}
-        for item in description["optimizer"]["state"]
-    }
-    groups = [{k: _decode(v, tensors) for k, v in g.items()} for g in sent_groups]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-    return int(description["committed"])
+    committed = int(description["committed"])
+    try:
+        optim_state = {
+            int(item["param"]): decode(item["values"], tensors)
+            for item in description["optimizer"]["state"]
+        }
+        groups = [decode(g, tensors) for g in description["optimizer"]["param_groups"]]
+        state.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
+        state.load_objects(description["objects"], tensors)
+        if state.data is not None:
+            sent = description.get("data")
+            if sent is None:
+                raise ReplicaError("the replica sends no data position; this rank has a loader")
+            if fresh or not state.data.rewind(committed):
+                state.data.load(decode(sent, tensors))
+    except (StateCodecError, ValueError, KeyError, TypeError) as e:
+        raise ReplicaError(f"the replica's state cannot be loaded here: {e}") from e
+    return committed

@@ -38,27 +38,32 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
-from unbroken.worker import rng
+from unbroken.worker import agreement, rng
+from unbroken.worker.agreement import ReplicasDiverged
 from unbroken.worker.chaos import RankChaos, install_signal_fault
+from unbroken.worker.data import Batches
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
 from unbroken.worker.recovery import Recovery, RecoverySettings, checkpoint_group
+from unbroken.worker.statecodec import StateCodecError, pack, unpack
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
+from unbroken.worker.trainstate import TrainState
 
 logger = logging.getLogger(__name__)
 
 DATA_POS = "data_pos"
+DATA = "data"  # the data loader's position, packed (:func:`unbroken.worker.statecodec.pack`)
 _EWMA_WEIGHT = 0.2  # weight of the newest step time in the step-time average
 _STOP_BASE_S = 5.0  # derived stop deadline: this plus three average steps
 
@@ -84,17 +89,19 @@ class Session:
     def __init__(
         self,
         *,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        state: TrainState,
         env: WorkerEnv,
         checkpointer: Checkpointer | None,
         ckpt_every: int,
         heartbeat: HeartbeatWriter | None,
         stop_timeout_s: float | None,
+        agree_every: int = 0,
     ) -> None:
         self.env = env
-        self.model = model
-        self.optimizer = optimizer
+        self.state = state
+        self.model = state.model
+        self.optimizer = state.optimizer
+        self.agree_every = agree_every
         self.checkpointer = checkpointer
         self.ckpt_every = ckpt_every
         self.heartbeat = heartbeat
@@ -175,6 +182,29 @@ class Session:
 
     def _restore_rank_state(self, restored: Restored) -> None:
         self._committed = restored.step
+        try:
+            if self.state.objects:
+                if not restored.shared:
+                    raise CheckpointError(
+                        f"checkpoint {restored.path} holds no registered state, but "
+                        f"{', '.join(self.state.objects)} are registered"
+                    )
+                self.state.load_state_dicts(unpack(restored.shared))
+            if self.state.data is not None:
+                packed = {
+                    k.removeprefix(DATA + "."): v
+                    for k, v in restored.extra.items()
+                    if k.startswith(DATA + ".")
+                }
+                if not packed:
+                    raise CheckpointError(
+                        f"checkpoint {restored.path} holds no data position for rank {self.rank}"
+                    )
+                self.state.data.load(unpack(packed))
+        except (StateCodecError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"checkpoint {restored.path}: the registered state cannot be restored: {e}"
+            ) from e
         if DATA_POS in restored.extra:
             data_pos = int(restored.extra[DATA_POS][0])
             if data_pos != restored.step:
@@ -226,6 +256,9 @@ class Session:
             self._recovery.begin_step(step)
         elif self._rng is not None:
             self._rng.begin(step, self.rank)
+        self.state.begin(step, snapshot=self._recovery is not None)
+        if self.agree_every and step > self.start_step and step % self.agree_every == 0:
+            self._agree(step)
         if self._chaos is not None:  # after begin_step, which forgets the last step's failure
             fail = self._recovery.sync.fail_step if self._recovery is not None else None
             self._chaos.before_step(step, self.model, fail, _store_ports())
@@ -235,6 +268,31 @@ class Session:
                 self.heartbeat.update(phase=Phase.TRAINING, step=step, step_at=time.time())
             else:
                 self.heartbeat.update(step=step, step_at=time.time())
+
+    def batch(self) -> Any:
+        """The next batch of the data loader given as ``data=``: an endless stream across
+        epochs, the same batches again when a step is redone (:mod:`unbroken.worker.data`)."""
+        if self.state.data is None:
+            raise RuntimeError("no data loader was given to unbroken.worker.init(data=...)")
+        return self.state.data.next()
+
+    def _agree(self, step: int, *, closing: bool = False) -> None:
+        """The agreement check (:mod:`unbroken.worker.agreement`) at the start of ``step``;
+        a collective that fails there fails the step, as a failed gradient collective does."""
+        if not dist.is_initialized() or self.world_size < 2:
+            return
+        try:
+            if self._recovery is not None:
+                agreement.check(self.state, step, self._recovery.sync.all_gather)
+            else:
+                agreement.check(self.state, step)
+        except ReplicasDiverged as e:
+            logger.error("rank %d: %s", self.rank, e)
+            raise
+        except Exception as e:
+            if self._recovery is None or closing:
+                raise
+            self._recovery.sync.fail_step(e)
 
     def _recover(self) -> None:
         assert self._recovery is not None
@@ -274,8 +332,22 @@ class Session:
         if self.checkpointer is None:
             raise RuntimeError("no checkpoint directory was given to unbroken.worker.init")
         extra = {DATA_POS: torch.tensor([self._committed], dtype=torch.int64), **rng.capture()}
-        self.checkpointer.save_async(self._committed, self.model, self.optimizer, extra)
+        extra.update(self._packed_data(self._committed))
+        self.checkpointer.save_async(
+            self._committed, self.model, self.optimizer, extra, self._packed_objects()
+        )
         self._last_ckpt_step = self._committed
+
+    def _packed_objects(self) -> dict[str, torch.Tensor]:
+        if not self.state.objects:
+            return {}
+        return pack(self.state.state_dicts(), "registered state")
+
+    def _packed_data(self, step: int) -> dict[str, torch.Tensor]:
+        if self.state.data is None:
+            return {}
+        packed = pack(self.state.data.position(step), "data position")
+        return {f"{DATA}.{k}": v for k, v in packed.items()}
 
     def _last_words(self, step: int) -> Path:
         """Write the committed state as the job's checkpoint of ``step``, from this rank
@@ -283,9 +355,13 @@ class Session:
         step; random generators are not in it: with ``seed=`` each step seeds its own."""
         assert self.checkpointer is not None
         world = self.env.world_size
-        ranks_extra = {r: {DATA_POS: torch.tensor([step], dtype=torch.int64)} for r in range(world)}
+        # The data position is the same on every data-parallel rank (see unbroken.worker.data).
+        data = self._packed_data(step)
+        ranks_extra = {
+            r: {DATA_POS: torch.tensor([step], dtype=torch.int64), **data} for r in range(world)
+        }
         path = self.checkpointer.save_last_words(
-            step, self.model, self.optimizer, ranks_extra, world
+            step, self.model, self.optimizer, ranks_extra, world, self._packed_objects()
         )
         self._last_ckpt_step = step
         return path
@@ -334,6 +410,7 @@ class Session:
                 self.save_checkpoint()
             if self.checkpointer is not None:
                 self.checkpointer.wait()
+            self._agree(self._committed, closing=True)
             if dist.is_initialized():
                 if self._recovery is not None:
                     # The hook's group: an op retry replaced it, and left the default broken.
@@ -425,6 +502,9 @@ def init(
     seed: int | None = None,
     comm_timeout_s: float = 30.0,
     command_timeout_s: float = 120.0,
+    state: Mapping[str, Any] | None = None,
+    data: Any = None,
+    agree_every: int = 100,
 ) -> Session:
     """Start this rank's training session (collective: every rank calls it).
 
@@ -448,6 +528,9 @@ def init(
         raise ValueError(f"ckpt_every must be >= 0 (0: no periodic checkpoints), got {ckpt_every}")
     if stop_timeout_s is not None and stop_timeout_s <= 0:
         raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s}")
+    if agree_every < 0:
+        raise ValueError(f"agree_every must be >= 0 (0: only after recoveries), got {agree_every}")
+    train_state = TrainState(model, optimizer, state, Batches(data) if data is not None else None)
     for name, value in (
         ("comm_timeout_s", comm_timeout_s),
         ("command_timeout_s", command_timeout_s),
@@ -472,13 +555,13 @@ def init(
         heartbeat.update(phase=Phase.COMM_READY, comm_ready_at=time.time())
     root = env.ckpt_dir or (Path(ckpt_dir) if ckpt_dir else None)
     session = Session(
-        model=model,
-        optimizer=optimizer,
+        state=train_state,
         env=env,
         checkpointer=None,
         ckpt_every=ckpt_every if root is not None else 0,
         heartbeat=heartbeat,
         stop_timeout_s=stop_timeout_s,
+        agree_every=agree_every,
     )
     if root is not None:
         try:
@@ -498,8 +581,7 @@ def init(
                 comm_timeout_s=comm_timeout_s,
                 ckpt_timeout_s=ckpt_timeout_s,
             ),
-            model=model,
-            optimizer=optimizer,
+            state=train_state,
             rng=session._rng,
             heartbeat=heartbeat,
             generation=env.generation,

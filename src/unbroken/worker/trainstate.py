@@ -1,0 +1,176 @@
+"""The whole training state of a rank, and the step that leaves no trace when it fails.
+
+The session's state is the model, the optimizer, the objects the script registers with
+``unbroken.worker.init(..., state={...})`` (anything with ``state_dict()`` and
+``load_state_dict()``, the ``torch.distributed.checkpoint.stateful`` protocol: LR schedulers,
+``torch.amp.GradScaler``, EMA weights, the script's own counters) and the data position
+(``data=``, :mod:`unbroken.worker.data`). Registered objects are *replicated* state: the same
+on every data-parallel rank, checkpointed once, sent from a healthy replica, compared by the
+agreement check. The data position is per rank, kept per rank in checkpoints.
+
+Exactly once. :meth:`TrainState.begin` takes what a step may change before the step runs: the
+registered objects' state dicts, the optimizer's hyperparameters (a scheduler sets the
+learning rate in the loop body) and the model's buffers (BatchNorm statistics change in the
+forward). When the step fails, the optimizer update is skipped (:mod:`unbroken.worker.recovery`)
+and :meth:`TrainState.rollback` puts the rest back, on every rank that began the step, before
+the step is redone. Model parameters and optimizer state need no copy: the update that would
+change them never ran. What the script keeps outside the session (an unregistered scheduler,
+a plain counter, an iterator of its own) is the script's to keep right; the agreement check
+(:mod:`unbroken.worker.agreement`) catches what diverges because of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from unbroken.worker.data import Batches
+from unbroken.worker.digest import state_digest, update_digest
+from unbroken.worker.statecodec import StateCodecError, decode, encode
+
+_RESERVED = ("model", "optimizer", "data")
+
+
+def _module(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+class TrainState:
+    """One rank's training state (see the module doc)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        objects: Mapping[str, Any] | None = None,
+        data: Batches | None = None,
+    ) -> None:
+        self.model = model
+        self.module = _module(model)
+        self.optimizer = optimizer
+        self.objects: dict[str, Any] = {}
+        for name, obj in (objects or {}).items():
+            if not isinstance(name, str) or not name or name in _RESERVED:
+                raise ValueError(
+                    f"state name {name!r}: use a non-empty string other than {', '.join(_RESERVED)}"
+                )
+            for method in ("state_dict", "load_state_dict"):
+                if not callable(getattr(obj, method, None)):
+                    raise TypeError(
+                        f"state[{name!r}] ({type(obj).__name__}) has no {method}(): register "
+                        "objects that follow the state_dict/load_state_dict protocol"
+                    )
+            try:
+                encode(obj.state_dict(), [], f"state[{name!r}].state_dict()")
+            except StateCodecError as e:
+                raise TypeError(str(e)) from None
+            self.objects[name] = obj
+        self.data = data
+        self._snapshot_step: int | None = None
+        self._objects_copy: dict[str, Any] = {}
+        self._groups_copy: list[dict[str, Any]] = []
+        self._buffers_copy: list[torch.Tensor] = []
+
+    # -- exactly-once steps ------------------------------------------------------------------
+
+    def begin(self, step: int, *, snapshot: bool) -> None:
+        """Step ``step`` starts; with ``snapshot`` take what it may change (see the module
+        doc)."""
+        if self.data is not None:
+            self.data.begin(step)
+        if not snapshot:
+            return
+        self._snapshot_step = step
+        self._objects_copy = {
+            name: copy.deepcopy(obj.state_dict()) for name, obj in self.objects.items()
+        }
+        self._groups_copy = [
+            {k: (v.clone() if isinstance(v, torch.Tensor) else copy.copy(v)) for k, v in g.items()}
+            for g in self.optimizer.param_groups
+        ]
+        buffers = [b.detach() for b in self.module.buffers()]
+        if [(b.shape, b.dtype) for b in buffers] != [
+            (c.shape, c.dtype) for c in self._buffers_copy
+        ]:
+            self._buffers_copy = [b.clone() for b in buffers]
+        else:
+            for copy_, buffer in zip(self._buffers_copy, buffers, strict=True):
+                copy_.copy_(buffer)
+
+    def rollback(self, step: int) -> bool:
+        """Undo what step ``step`` changed, when this rank began it (True then)."""
+        if self.data is not None:
+            self.data.rewind(step)
+        if self._snapshot_step != step:
+            return False
+        for name, saved in self._objects_copy.items():
+            self.objects[name].load_state_dict(copy.deepcopy(saved))
+        for group, saved_group in zip(self.optimizer.param_groups, self._groups_copy, strict=True):
+            for key, value in saved_group.items():
+                if key == "params":
+                    continue
+                current = group.get(key)
+                if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
+                    current.copy_(value)
+                else:
+                    group[key] = copy.copy(value)
+        with torch.no_grad():
+            for buffer, saved_buffer in zip(self.module.buffers(), self._buffers_copy, strict=True):
+                buffer.copy_(saved_buffer)
+        self._snapshot_step = None
+        return True
+
+    # -- replicated state --------------------------------------------------------------------
+
+    def encode_objects(self, tensors: list[torch.Tensor]) -> dict[str, Any]:
+        """The registered objects' state dicts, encoded (tensors appended to ``tensors``)."""
+        return {
+            name: encode(obj.state_dict(), tensors, f"state[{name!r}]")
+            for name, obj in self.objects.items()
+        }
+
+    def load_objects(self, encoded: Mapping[str, Any], tensors: list[torch.Tensor]) -> None:
+        self.load_state_dicts({name: decode(value, tensors) for name, value in encoded.items()})
+
+    def state_dicts(self) -> dict[str, Any]:
+        """The registered objects' state dicts, by name."""
+        return {name: obj.state_dict() for name, obj in self.objects.items()}
+
+    def load_state_dicts(self, state_dicts: Mapping[str, Any]) -> None:
+        missing = sorted(set(self.objects) - set(state_dicts))
+        if missing:
+            raise ValueError(f"no state for registered object(s) {', '.join(missing)}")
+        for name, obj in self.objects.items():
+            obj.load_state_dict(state_dicts[name])
+
+    def digests(self, committed: int) -> dict[str, bytes]:
+        """sha256 of each part: ``model``, ``optimizer``, each registered object, ``data``
+        (the position, which every replica shares) and the committed steps."""
+        parts: dict[str, bytes] = {
+            "model": hashlib.sha256(state_digest(self.module).encode()).digest()
+        }
+        optimizer = hashlib.sha256()
+        update_digest(optimizer, self.optimizer.state_dict())
+        parts["optimizer"] = optimizer.digest()
+        for name, obj in self.objects.items():
+            h = hashlib.sha256()
+            update_digest(h, obj.state_dict())
+            parts[f"state[{name}]"] = h.digest()
+        h = hashlib.sha256(f"committed:{committed}".encode())
+        if self.data is not None:
+            h.update(repr(self.data.counters(committed)).encode())
+        parts["data"] = h.digest()
+        return parts
+
+    def digest(self, committed: int) -> bytes:
+        """One sha256 over :meth:`digests`."""
+        h = hashlib.sha256()
+        for name, value in self.digests(committed).items():
+            h.update(name.encode())
+            h.update(value)
+        return h.digest()
