@@ -10,7 +10,15 @@ import time
 from pathlib import Path
 
 from unbroken.cli.rundir import RunDirError, find_run
-from unbroken.ledger import Ledger, LedgerError, Record, format_incidents, incidents
+from unbroken.ledger import (
+    EVENT_TYPES,
+    RAW_KINDS,
+    Ledger,
+    LedgerError,
+    Record,
+    format_incidents,
+    incidents,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,6 +45,17 @@ def run(args: argparse.Namespace) -> int:
     except (RunDirError, LedgerError) as exc:
         print(f"unbroken events: {exc}", file=sys.stderr)
         return 1
+    if args.kind:
+        known = set(EVENT_TYPES) | RAW_KINDS | ledger.kinds()
+        unknown = [k for k in args.kind if k not in known]
+        if unknown:
+            ledger.close()
+            print(
+                f"unbroken events: --kind: unknown event kind {unknown[0]!r}; known: "
+                f"{', '.join(sorted(known))}",
+                file=sys.stderr,
+            )
+            return 2
     try:
         records = ledger.events(kinds=args.kind)
         if args.incidents:

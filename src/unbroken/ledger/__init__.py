@@ -8,6 +8,7 @@ per phase) in :mod:`unbroken.ledger.timeline`.
 from unbroken.ledger.codec import DecodeError, decode, encode
 from unbroken.ledger.events import (
     EVENT_TYPES,
+    RAW_KINDS,
     CheckpointSaved,
     CommunicationReady,
     DecisionMade,
@@ -42,6 +43,7 @@ from unbroken.ledger.timeline import (
 __all__ = [
     "EVENT_TYPES",
     "PHASES",
+    "RAW_KINDS",
     "SCHEMA_VERSION",
     "CheckpointSaved",
     "CommunicationReady",

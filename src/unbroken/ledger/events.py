@@ -28,6 +28,18 @@ from unbroken.spec.knobs import Strategy
 #: kind -> event class, for every subclass of :class:`Event` defined so far.
 EVENT_TYPES: dict[str, type[Event]] = {}
 
+#: Kinds the control plane records without an event class (``Ledger.record_raw``).
+RAW_KINDS = frozenset(
+    {
+        "FaultInjected",
+        "LastWordsFailed",
+        "OpRetry",
+        "PodUnschedulable",
+        "SpareStarted",
+        "SpareTaken",
+    }
+)
+
 
 @dataclass(frozen=True)
 class Event:

@@ -130,6 +130,12 @@ class Ledger:
             rows = self._execute(sql, params).fetchall()
         return [self._record(row) for row in rows]
 
+    def kinds(self) -> set[str]:
+        """The kinds of the records stored."""
+        with self._lock:
+            rows = self._execute("SELECT DISTINCT kind FROM events").fetchall()
+        return {str(row[0]) for row in rows}
+
     def last_id(self) -> int:
         """Id of the newest record (0 when there is none)."""
         with self._lock:

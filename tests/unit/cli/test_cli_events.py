@@ -1,0 +1,41 @@
+"""``unbroken events --kind``: a kind no run records is a usage error naming the known ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unbroken.cli import main
+from unbroken.ledger import Ledger
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        ledger.record_raw("OpRetry", {"rank": 1, "step": 3, "attempt": 1, "level": 0})
+        ledger.record_raw("SomethingNewer", {"x": 1})  # a kind of a newer version: known here
+    return tmp_path
+
+
+def test_unknown_kind_is_a_usage_error_naming_the_known_kinds(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["events", str(run), "--kind", "OpRetry", "--kind", "Nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("unbroken events: --kind: unknown event kind 'Nope'; known: ")
+    known = line.split("; known: ", 1)[1].split(", ")
+    assert {"FaultDetected", "JobFailed", "OpRetry", "SomethingNewer"} <= set(known)
+    assert known == sorted(known)
+
+
+def test_known_kinds_filter(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["events", str(run), "--kind", "SomethingNewer", "--json"]) == 0
+    out, _ = capsys.readouterr()
+    assert '"kind": "SomethingNewer"' in out and "OpRetry" not in out
+    assert main(["events", str(run), "--kind", "JobFailed"]) == 0
+    assert capsys.readouterr() == ("", "")
