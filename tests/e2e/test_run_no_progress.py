@@ -4,6 +4,9 @@ ranks several times a second for ``max_restarts`` rounds while the ledger grows.
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,9 +31,7 @@ def test_script_that_raises_at_import_fails_the_job_with_the_reason(
     res = run_job(run_dir, job=job, timeout_s=120.0)
     assert res.rc == 1, res.explain()
     assert "Traceback" not in res.stderr, res.explain()
-    reason = (
-        "no progress: 4 faults in a row with no step committed at all (no-progress-restarts 3)"
-    )
+    reason = "no progress: 4 faults in a row with no step committed at all (no-progress-restarts 3)"
     assert reason in res.stdout + res.stderr, res.explain()
     evs = events(run_dir)
     (failed,) = of_kind(evs, "JobFailed")
@@ -41,3 +42,44 @@ def test_script_that_raises_at_import_fails_the_job_with_the_reason(
     assert len(of_kind(evs, "FaultDetected")) <= 16, res.explain()
     assert any("backing off" in e.get("reason", "") for e in of_kind(evs, "DecisionMade"))
     assert (run_dir / "ledger.db").stat().st_size < 256 * 1024
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs: too small for one checkpoint of the e2e job's model."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_full_checkpoint_disk_ends_the_job_instead_of_recovering_forever(
+    tmp_path: Path, run_dir: Path, tiny_disk: Path
+) -> None:
+    replace = {
+        'pod-rescheduling: "on"\n': 'pod-rescheduling: "on"\n'
+        "  annotations:\n"
+        '    no-progress-restarts: "2"\n',
+        "--ckpt-dir=checkpoints": f"--ckpt-dir={tiny_disk}",
+    }
+    job = write_job(tmp_path / "job.yaml", replace=replace)
+    res = run_job(run_dir, job=job, timeout_s=240.0)
+    assert res.rc == 1, res.explain()
+    evs = events(run_dir)
+    (failed,) = of_kind(evs, "JobFailed")
+    assert "no progress: 3 faults in a row with no step committed beyond step" in failed["reason"]
+    assert "No space left on device" in failed["reason"], failed["reason"]
+    assert len(of_kind(evs, "RecoveryCompleted")) <= 3, res.explain()
+    assert not of_kind(evs, "JobSucceeded")

@@ -429,7 +429,8 @@ def _start(
     faults = incident.faults
     stuck = stall.exhausted(incident.budgets, config.no_progress_restarts)
     if stuck is not None:
-        reason = f"{prefix}: {stuck}"
+        last = faults[-1].detail.strip().splitlines()
+        reason = f"{prefix}: {stuck}" + (f"; last: {last[0]}" if last else "")
         fail = (*_isolation_commands(faults), FailJob(reason))
         return Decision(Failed(incident.generation, incident.budgets, reason, now), fail, reason)
     age_s = max([incident.feasibility.fault_age_s, *(now - f.at for f in faults)])
