@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 _KEEP_STEPS = 2  # the current step and the one before (a rank at most one step ahead)
 
 
@@ -99,13 +101,9 @@ class Batches:
         for attempt in range(2):
             try:
                 if self._iter is None:
-                    self._iter = iter(self.loader)
-                    while self._skip:
-                        self._skip -= 1
-                        next(self._iter)
+                    self._iter = self._start_epoch()
                 batch = next(self._iter)
             except StopIteration:
-                self._skip = 0
                 if attempt:
                     break
                 self._iter = None
@@ -117,6 +115,21 @@ class Batches:
             return batch
         raise RuntimeError(f"the data loader yields no batch (epoch {self.epoch} is empty)")
 
+    def _start_epoch(self) -> Iterator[Any]:
+        """A new iterator (skipping what a plain loader must skip). A DataLoader's iterator
+        draws its base seed from torch's default generator: the draw must not move the
+        training's random stream, or a replacement process that starts its iterator in the
+        middle of an epoch would draw other dropout masks than a fault-free run."""
+        with torch.random.fork_rng(devices=[]):
+            it: Iterator[Any] = iter(self.loader)
+            try:
+                while self._skip:
+                    self._skip -= 1
+                    next(it)
+            finally:
+                self._skip = 0
+        return it
+
     def _set_epoch(self, epoch: int) -> None:
         for holder in (self.loader, getattr(self.loader, "batch_sampler", None)):
             sampler = getattr(holder, "sampler", None)
@@ -126,7 +139,11 @@ class Batches:
                 return
 
     def _loader_state(self) -> Any:
-        return self.loader.state_dict() if self.stateful else None
+        if not self.stateful:
+            return None
+        # A StatefulDataLoader starts an iterator to answer, drawing a seed (see above).
+        with torch.random.fork_rng(devices=[]):
+            return self.loader.state_dict()
 
     # -- position ----------------------------------------------------------------------------
 

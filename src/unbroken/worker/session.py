@@ -141,6 +141,13 @@ class Session:
         return self._committed
 
     @property
+    def data_position(self) -> list[int] | None:
+        """``[epoch, batches into the epoch]`` of the next batch of ``data=`` (None without)."""
+        if self.state.data is None:
+            return None
+        return list(self.state.data.counters(self._committed))
+
+    @property
     def stop_requested(self) -> bool:
         return self._stop.requested
 
