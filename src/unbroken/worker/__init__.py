@@ -5,7 +5,8 @@ Import it as ``import unbroken.worker as ub`` and call :func:`ub.init` after
 standard library only, never the control plane, the CLI, grpc or yaml. The heartbeat format
 (:mod:`unbroken.worker.heartbeat`) does not even import torch: importing this package is
 torch-free until a torch-backed name (``init``, ``Session``, ``TrainingStopped``,
-``RecoveryFailed``, ``ReplicasDiverged``, ``state_digest``) is first used, so the node agent reads heartbeats without torch.
+``RecoveryFailed``, ``ReplicasDiverged``, ``state_digest``) is first used, so the node agent
+reads heartbeats without torch.
 """
 
 from __future__ import annotations
