@@ -17,18 +17,23 @@ the same rank and step fire on successive runs of that step, in file order, as a
 strikes again when the step is redone after a recovery); everything
 else is fired from outside by the control plane (signals by pid, ``ss -K`` on a rank's links to
 its peers, device codes through the ``sim`` provider). A kind, rank, pod or node that the job
-does not have is an error naming the entry.
+does not have is an error naming the entry; the file is read as strictly as the job file (one
+bounded loader, ``unbroken.spec.document``; numbers finite and within int64), each problem one
+line ``file:line: faults[i].field: problem``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
+from unbroken.spec import document
+from unbroken.spec.document import Map, Node, Scalar, Seq, kind_name
+from unbroken.spec.problems import Problems
 
 
 class InjectKind(StrEnum):
@@ -74,29 +79,93 @@ _RANK_KINDS = (
     InjectKind.LINK,
 )
 _FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s"}
+#: Bounds of the numbers of an entry: a step fits the ledger's int64, a device index the
+#: largest node, and a fault is at most a week into the run.
+MAX_STEP = 2**63 - 1
+MAX_DEVICE = 1023
+MAX_AFTER_S = 7 * 86400.0
+
+
+class _Bad(ValueError):
+    """One problem of an entry, naming its field ("" for the entry as a whole)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
 
 
 def load_chaos(
     path: Path, world_size: int, pods: Sequence[str], nodes: Sequence[str]
 ) -> tuple[ChaosFault, ...]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ChaosError(f"{path}: cannot read the chaos file: {exc.strerror}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ChaosError(f"{path}: not valid YAML: {exc}") from None
-    return parse_chaos(doc, str(path), world_size, pods, nodes)
+    """The chaos file at ``path``, read as strictly as the job file (the same bounded loader:
+    UTF-8, size, nesting, aliases); every problem is one line ``file:line: field: problem``."""
+    problems = Problems(path)
+    root = document.load(path, problems)
+    out: list[ChaosFault] = []
+    if root is not None:
+        for i, entry in _entries(root, problems):
+            values = _values(entry, problems)
+            if values is None:
+                continue
+            try:
+                out.append(_one(i, values, world_size, pods, nodes))
+            except _Bad as exc:
+                node = entry.get(exc.field) if exc.field else None
+                where = node or entry
+                problems.error(where.line, where.path, exc.message)
+    if problems.problems:
+        raise ChaosError("\n".join(p.render() for p in problems.problems))
+    return tuple(out)
+
+
+def _entries(root: Node, problems: Problems) -> list[tuple[int, Map]]:
+    faults: Node | None = root
+    if isinstance(root, Map):
+        for key, node in root.items.items():
+            if key != "faults":
+                problems.error(node.line, key, "unknown field", allowed="faults")
+        faults = root.get("faults")
+        if faults is None and problems.problems:
+            return []  # a misspelt 'faults:' is said once
+    if not isinstance(faults, Seq) or not faults.items:
+        where = faults or root
+        problems.error(where.line, "faults", "expected a non-empty list of faults")
+        return []
+    out = []
+    for i, entry in enumerate(faults.items):
+        if isinstance(entry, Map):
+            out.append((i, entry))
+        else:
+            problems.error(entry.line, entry.path, f"expected a mapping, got {kind_name(entry)}")
+    return out
+
+
+def _values(entry: Map, problems: Problems) -> dict[str, Any] | None:
+    values: dict[str, Any] = {}
+    ok = True
+    for key, node in entry.items.items():
+        if key not in _FIELDS:
+            problems.error(
+                node.line, node.path, "unknown field", allowed=", ".join(sorted(_FIELDS))
+            )
+            ok = False
+        elif not isinstance(node, Scalar):
+            problems.error(node.line, node.path, f"expected a single value, got {kind_name(node)}")
+            ok = False
+        else:
+            values[key] = node.value
+    return values if ok else None
 
 
 def parse_chaos(
     doc: object, where: str, world_size: int, pods: Sequence[str], nodes: Sequence[str]
 ) -> tuple[ChaosFault, ...]:
+    """A chaos schedule already read into Python values (no lines to name)."""
     if isinstance(doc, dict):
         doc = doc.get("faults")
     if not isinstance(doc, list) or not doc:
-        raise ChaosError(f"{where}: expected a non-empty list under 'faults:'")
+        raise ChaosError(f"{where}: faults: expected a non-empty list of faults")
     out: list[ChaosFault] = []
     problems: list[str] = []
     for i, entry in enumerate(doc):
@@ -110,19 +179,30 @@ def parse_chaos(
             continue
         try:
             out.append(_one(i, entry, world_size, pods, nodes))
-        except ValueError as exc:
-            problems.append(f"{at}: {exc}")
+        except _Bad as exc:
+            problems.append(f"{at}.{exc.field}: {exc.message}" if exc.field else f"{at}: {exc}")
     if problems:
         raise ChaosError("\n".join(problems))
     return tuple(out)
 
 
-def _int(entry: dict[str, Any], key: str) -> int | None:
+def _int(entry: dict[str, Any], key: str, low: int, high: int) -> int | None:
     v = entry.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{key}: {v!r} is not an integer")
+        raise _Bad(key, f"{v!r} is not an integer")
+    if not low <= v <= high:
+        raise _Bad(key, f"{v} is out of range ({low}-{high})")
+    return v
+
+
+def _str(entry: dict[str, Any], key: str) -> str | None:
+    v = entry.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip():
+        raise _Bad(key, f"{v!r} is not a name (a non-empty string)")
     return v
 
 
@@ -131,36 +211,36 @@ def _one(
 ) -> ChaosFault:
     kinds = [k.value for k in InjectKind]
     if e.get("kind") not in kinds:
-        raise ValueError(f"kind: {e.get('kind')!r} is not one of {kinds}")
+        raise _Bad("kind", f"{e.get('kind')!r} is not one of {kinds}")
     kind = InjectKind(e["kind"])
-    rank, device, at_step = _int(e, "rank"), _int(e, "device"), _int(e, "at_step")
+    rank = _int(e, "rank", 0, MAX_STEP)
+    device = _int(e, "device", 0, MAX_DEVICE)
+    at_step = _int(e, "at_step", 1, MAX_STEP)
     after = e.get("after_s")
-    if after is not None and (isinstance(after, bool) or not isinstance(after, int | float)):
-        raise ValueError(f"after_s: {after!r} is not a number of seconds")
+    if after is not None:
+        if isinstance(after, bool) or not isinstance(after, int | float):
+            raise _Bad("after_s", f"{after!r} is not a number of seconds")
+        if not math.isfinite(after):
+            raise _Bad("after_s", f"{after!r} is not a finite number of seconds")
+        if not 0 <= after <= MAX_AFTER_S:
+            raise _Bad("after_s", f"{after} is out of range (0-{MAX_AFTER_S:.0f} s)")
     if (at_step is None) == (after is None):
-        raise ValueError("give exactly one of at_step (a training step) or after_s (seconds)")
-    if at_step is not None and at_step < 1:
-        raise ValueError(f"at_step: {at_step} must be >= 1")
-    if after is not None and after < 0:
-        raise ValueError(f"after_s: {after} must be >= 0")
-    pod, node, code = e.get("pod"), e.get("node"), e.get("code")
+        raise _Bad("", "give exactly one of at_step (a training step) or after_s (seconds)")
+    pod, node, code = _str(e, "pod"), _str(e, "node"), _str(e, "code")
     if kind in _RANK_KINDS:
         if (rank is None) == (pod is None):
-            raise ValueError(f"kind {kind}: give exactly one of rank or pod")
+            raise _Bad("", f"kind {kind}: give exactly one of rank or pod")
         if rank is not None and not 0 <= rank < world_size:
-            raise ValueError(f"rank: {rank} does not exist (the job has ranks 0-{world_size - 1})")
+            raise _Bad("rank", f"{rank} does not exist (the job has ranks 0-{world_size - 1})")
     if pod is not None and pod not in pods:
-        raise ValueError(f"pod: {pod!r} does not exist (pods: {', '.join(pods)})")
+        raise _Bad("pod", f"{pod!r} does not exist (pods: {', '.join(pods)})")
     if kind in (InjectKind.NODE, InjectKind.DEVICE):
         if node is None:
-            raise ValueError(f"kind {kind}: 'node' is required")
+            raise _Bad("", f"kind {kind}: 'node' is required")
         if node not in nodes:
-            raise ValueError(f"node: {node!r} does not exist (nodes: {', '.join(nodes)})")
-    if kind is InjectKind.DEVICE:
-        if device is None or code is None:
-            raise ValueError("kind device: 'device' and 'code' are required")
-        if not isinstance(code, str) or not code.strip():
-            raise ValueError(f"code: {code!r} must be a non-empty string")
+            raise _Bad("node", f"{node!r} does not exist (nodes: {', '.join(nodes)})")
+    if kind is InjectKind.DEVICE and (device is None or code is None):
+        raise _Bad("", "kind device: 'device' and 'code' are required")
     return ChaosFault(
         index=i,
         kind=kind,

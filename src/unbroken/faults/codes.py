@@ -30,6 +30,8 @@ from typing import NoReturn
 import yaml
 
 from unbroken.faults.fault import FaultKind, FaultLevel, worst
+from unbroken.spec import document
+from unbroken.spec.problems import Problems, SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +96,12 @@ class CodeTable:
         text = resources.files("unbroken.faults").joinpath(_SHIPPED).read_text(encoding="utf-8")
         table = cls.parse(text, source=_SHIPPED)
         if override is not None:
-            try:
-                user_text = override.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise CodeTableError(f"{override}: cannot read fault code table: {exc}") from exc
+            problems = Problems(override)
+            user_text = document.read_text(override, problems)
+            if user_text is None:
+                (problem,) = problems.problems
+                where = f"{override}:{problem.line}" if problem.line else f"{override}"
+                raise CodeTableError(f"{where}: cannot read fault code table: {problem.message}")
             table = table.merged(_parse_parts(user_text, str(override)))
             logger.info("fault code table: %s merged over the shipped table", override)
         return table
@@ -157,13 +161,10 @@ class _Parts:
 
 
 def _parse_parts(text: str, source: str) -> _Parts:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise CodeTableError(f"{source}{line}: not valid YAML: {problem}") from exc
+    problems = Problems(Path(source))
+    root = document.compose(text, problems)  # bounded: no alias bomb, no deep nesting
+    if problems.problems:
+        raise CodeTableError(str(SpecError(problems.problems)))
     if root is None:
         return _Parts({}, None, None)
     top = _mapping(root, source, "the file", {"unknown", "escalation", "codes"})

@@ -10,6 +10,12 @@ the loaders can say "quote it" where Kubernetes wants strings.
 Everything that can go wrong while reading (missing file, unreadable, not UTF-8, NUL bytes, empty,
 not YAML, several documents) is reported through :class:`~unbroken.spec.problems.Problems`,
 never as a traceback.
+
+Every YAML file Unbroken reads (the job, ``--cluster``, ``--chaos``, ``--codes``) comes through
+here, and hostile input is bounded before it can cost memory or a traceback: at most
+:data:`MAX_BYTES` of text, :data:`MAX_DEPTH` levels of nesting (PyYAML composes recursively),
+:data:`MAX_ALIASES` aliases, and :data:`MAX_VALUES` values once aliases are expanded (a few
+hundred bytes of nested aliases expand to billions of values: the "billion laughs").
 """
 
 from __future__ import annotations
@@ -21,7 +27,14 @@ import yaml
 
 from unbroken.spec.problems import Problems, describe
 
-_MAX_BYTES = 16 * 1024 * 1024
+#: The largest YAML file read (job files are a few KiB).
+MAX_BYTES = 1024 * 1024
+#: The deepest nesting of mappings and lists (a job file needs about 12).
+MAX_DEPTH = 64
+#: Aliases (``*name``) in one file: enough for merge keys (``<<: *defaults``), not for a bomb.
+MAX_ALIASES = 100
+#: Values (scalars, mappings, lists) of a file once its aliases are expanded.
+MAX_VALUES = 100_000
 
 
 @dataclass(frozen=True)
@@ -88,15 +101,15 @@ def read_text(path: Path, problems: Problems) -> str | None:
             problems.error(None, "", "is a directory, not a YAML file")
             return None
         with path.open("rb") as fh:
-            data = fh.read(_MAX_BYTES + 1)
+            data = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         problems.error(None, "", "no such file")
         return None
     except OSError as exc:
         problems.error(None, "", f"cannot read the file ({exc.strerror or exc})")
         return None
-    if len(data) > _MAX_BYTES:
-        problems.error(None, "", f"file is larger than {_MAX_BYTES // (1024 * 1024)} MiB")
+    if len(data) > MAX_BYTES:
+        problems.error(None, "", f"file is larger than {MAX_BYTES // (1024 * 1024)} MiB")
         return None
     if b"\x00" in data:
         offset = data.index(b"\x00")
@@ -118,11 +131,50 @@ def read_text(path: Path, problems: Problems) -> str | None:
     return text
 
 
-def parse(text: str, problems: Problems) -> Node | None:
-    """Compose ``text`` into located nodes; None with problems recorded if it is not YAML."""
+class _TooLarge(Exception):
+    def __init__(self, line: int, path: str, problem: str) -> None:
+        super().__init__(line, path, problem)
+        self.line, self.path, self.problem = line, path, problem
+
+
+def _prescan(text: str, problems: Problems) -> bool:
+    """Check nesting and aliases on PyYAML's event stream (iterative: no recursion), before
+    anything is composed. A syntax error is left to the composer, which reports it."""
+    depth = aliases = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = event.start_mark.line + 1 if event.start_mark is not None else None
+            if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    problems.error(line, "", f"nested deeper than {MAX_DEPTH} levels")
+                    return False
+            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+                depth -= 1
+            elif isinstance(event, yaml.AliasEvent):
+                aliases += 1
+                if aliases > MAX_ALIASES:
+                    problems.error(
+                        line,
+                        "",
+                        f"more than {MAX_ALIASES} aliases (*{event.anchor}); write the values "
+                        "out instead of repeating anchors",
+                    )
+                    return False
+    except yaml.YAMLError:
+        pass
+    return True
+
+
+def compose(text: str, problems: Problems) -> yaml.Node | None:
+    """PyYAML's node graph of ``text`` (one document), after the bounds above; None with
+    problems recorded when it is not YAML or is out of bounds, None alone when it has no
+    document."""
+    if not _prescan(text, problems):
+        return None
     loader = yaml.SafeLoader(text)
     try:
-        root = loader.get_single_node()
+        root: yaml.Node | None = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -136,10 +188,25 @@ def parse(text: str, problems: Problems) -> Node | None:
         return None
     finally:
         loader.dispose()
+    return root
+
+
+def parse(text: str, problems: Problems) -> Node | None:
+    """Compose ``text`` into located nodes; None with problems recorded if it is not YAML."""
+    before = len(problems.problems)
+    root = compose(text, problems)
     if root is None:
-        problems.error(None, "", "the file has no YAML document (only comments or blank lines)")
+        if len(problems.problems) == before:
+            problems.error(None, "", "the file has no YAML document (only comments or blank lines)")
         return None
-    return _walk(loader, root, "", problems)
+    loader = yaml.SafeLoader("")
+    try:
+        return _walk(loader, root, "", problems, [MAX_VALUES])
+    except _TooLarge as exc:
+        problems.error(exc.line, exc.path, exc.problem)
+        return None
+    finally:
+        loader.dispose()
 
 
 def load(path: Path, problems: Problems) -> Node | None:
@@ -149,8 +216,21 @@ def load(path: Path, problems: Problems) -> Node | None:
     return parse(text, problems)
 
 
-def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: str, problems: Problems) -> Node:
+def _walk(
+    loader: yaml.SafeLoader, node: yaml.Node, path: str, problems: Problems, budget: list[int]
+) -> Node:
     line = node.start_mark.line + 1
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge(
+            line,
+            path,
+            f"aliases expand the file to more than {MAX_VALUES} values; write the values out "
+            "instead of nesting aliases",
+        )
+    if path.count(".") + path.count("[") > MAX_DEPTH:  # only an alias inside its own anchor
+        top = path.split(".")[0].split("[")[0]
+        raise _TooLarge(line, top, "an alias refers to a value that contains it")
     if isinstance(node, yaml.ScalarNode):
         try:
             value = loader.construct_object(node, deep=True)
@@ -165,7 +245,8 @@ def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: str, problems: Problem
         )
     if isinstance(node, yaml.SequenceNode):
         elements = tuple(
-            _walk(loader, item, f"{path}[{i}]", problems) for i, item in enumerate(node.value)
+            _walk(loader, item, f"{path}[{i}]", problems, budget)
+            for i, item in enumerate(node.value)
         )
         return Seq(path=path, line=line, items=elements)
     assert isinstance(node, yaml.MappingNode)
@@ -188,7 +269,7 @@ def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: str, problems: Problem
             if key not in items:  # the first merged mapping wins, as YAML specifies
                 from_merge.add(key)
                 key_lines[key] = key_line
-                items[key] = _walk(loader, value_node, child_path(path, key), problems)
+                items[key] = _walk(loader, value_node, child_path(path, key), problems, budget)
             continue
         if key in from_merge:  # an explicit key overrides a merged one
             from_merge.discard(key)
@@ -201,7 +282,7 @@ def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: str, problems: Problem
             )
             continue
         key_lines[key] = key_line
-        items[key] = _walk(loader, value_node, child_path(path, key), problems)
+        items[key] = _walk(loader, value_node, child_path(path, key), problems, budget)
     return Map(path=path, line=line, items=items)
 
 

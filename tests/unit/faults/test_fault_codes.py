@@ -275,3 +275,28 @@ def test_missing_override_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "absent.yaml"
     with pytest.raises(CodeTableError, match=r"absent\.yaml: cannot read fault code table"):
         CodeTable.load(path)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"codes: " + b"[" * 5000 + b"]" * 5000 + b"\n", ":1: nested deeper than 64 levels"),
+        (
+            b"a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + b"".join(
+                f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n".encode()
+                for p, n in zip("abcdef", "bcdefg", strict=True)
+            )
+            + b"".join(f"k{i}: *g\n".encode() for i in range(100)),
+            ": more than 100 aliases",
+        ),
+        (b"codes:\n  80E01801: {level: \xff}\n", ":2: cannot read fault code table: not UTF-8"),
+    ],
+)
+def test_hostile_override_is_one_line(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "codes.yaml"
+    path.write_bytes(data)
+    with pytest.raises(CodeTableError) as caught:
+        CodeTable.load(path)
+    (line,) = str(caught.value).splitlines()
+    assert line.startswith(str(path)) and message in line, line

@@ -458,3 +458,25 @@ def test_mangled_seed_jobs_load_or_fail_with_problems(
     except SpecError as err:
         assert err.problems
         assert all(p.message for p in err.problems)
+
+BOMB = "".join(
+    f"x{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("xa: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n" + BOMB + "kind: *i\n", "aliases expand the file"),
+        ("kind: " + "[" * 10000 + "]" * 10000 + "\n", ":1: nested deeper than 64 levels"),
+        ("kind: &k [*k]\n", ":1: kind: an alias refers to a value that contains it"),
+        (
+            "".join(f"x{i}: &a{i} 1\ny{i}: *a{i}\n" for i in range(101)),
+            ":202: more than 100 aliases (*a100)",
+        ),
+    ],
+)
+def test_hostile_yaml_is_refused_in_one_line(tmp_path: Path, text: str, message: str) -> None:
+    (line,) = errors(tmp_path, text)
+    assert message in line, line
