@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from unbroken.spec.knobs import MAX_RESTARTS_DEFAULT, MONITOR_INTERVAL_S_DEFAULT
+from unbroken.spec.knobs import (
+    MAX_NODES,
+    MAX_PROCS_PER_NODE,
+    MAX_RESTARTS_DEFAULT,
+    MAX_RESTARTS_LIMIT,
+    MONITOR_INTERVAL_S_DEFAULT,
+)
 
 
 class LaunchUsageError(ValueError):
@@ -76,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_count(flag: str, text: str) -> int:
+def _parse_count(flag: str, text: str, high: int) -> int:
     value = text.split(":")[-1]
     if value == "cpu":
         return 1
@@ -84,15 +90,15 @@ def _parse_count(flag: str, text: str) -> int:
         n = int(value)
     except ValueError:
         raise LaunchUsageError(f"--{flag}: {text!r} is not an integer") from None
-    if n < 1:
-        raise LaunchUsageError(f"--{flag}: {n} must be at least 1")
+    if not 1 <= n <= high:
+        raise LaunchUsageError(f"--{flag}: {n} is out of range (1-{high})")
     return n
 
 
 def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
     ns = build_parser().parse_args(list(argv))
-    nproc = _parse_count("nproc_per_node", ns.nproc_per_node)
-    nnodes = _parse_count("nnodes", ns.nnodes)
+    nproc = _parse_count("nproc_per_node", ns.nproc_per_node, MAX_PROCS_PER_NODE)
+    nnodes = _parse_count("nnodes", ns.nnodes, MAX_NODES)
     if not 0 <= ns.node_rank < nnodes:
         raise LaunchUsageError(f"--node_rank: {ns.node_rank} must be in [0, {nnodes - 1}]")
     if not 0 <= ns.master_port <= 65535:
@@ -100,8 +106,10 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
     if ns.monitor_interval <= 0:
         raise LaunchUsageError(f"--monitor_interval: {ns.monitor_interval} must be positive")
     max_restarts = MAX_RESTARTS_DEFAULT if ns.max_restarts is None else ns.max_restarts
-    if max_restarts < 0:
-        raise LaunchUsageError(f"--max_restarts: {max_restarts} must be >= 0")
+    if not 0 <= max_restarts <= MAX_RESTARTS_LIMIT:
+        raise LaunchUsageError(
+            f"--max_restarts: {max_restarts} is out of range (0-{MAX_RESTARTS_LIMIT})"
+        )
     args = tuple(ns.script_args)
     if args and args[0] == "--":
         args = args[1:]

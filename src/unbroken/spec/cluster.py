@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING
 from unbroken.spec import document
 from unbroken.spec.document import Map, Node, Scalar, as_bool, as_int, as_map, as_seq
 from unbroken.spec.faulthandling import PROCESS_RUNGS
-from unbroken.spec.knobs import LIST_WATCH_PERIOD_S_DEFAULT, LIST_WATCH_PERIOD_S_RANGE, Strategy
+from unbroken.spec.knobs import (
+    LIST_WATCH_PERIOD_S_DEFAULT,
+    LIST_WATCH_PERIOD_S_RANGE,
+    MAX_DEVICES_PER_NODE,
+    MAX_NODES,
+    Strategy,
+)
 from unbroken.spec.problems import Problems
 
 if TYPE_CHECKING:
@@ -138,8 +144,8 @@ def load_cluster(path: Path | None, job: JobSpec | None = None) -> ClusterSpec:
                 node.line, key, "unknown cluster key", value=key, allowed=", ".join(_TOP_KEYS)
             )
     lines = {key: node.line for key, node in top.items.items()}
-    nodes = as_int(top.get("nodes"), problems, 1)
-    devices = as_int(top.get("devicesPerNode"), problems, 1)
+    nodes = as_int(top.get("nodes"), problems, 1, MAX_NODES)
+    devices = as_int(top.get("devicesPerNode"), problems, 1, MAX_DEVICES_PER_NODE)
     plugin, plugin_lines = _device_plugin(top.get("devicePlugin"), problems)
     lines.update(plugin_lines)
     cluster = ClusterSpec(

@@ -105,6 +105,12 @@ MONITOR_INTERVAL_S_DEFAULT = 5.0
 LIST_WATCH_PERIOD_S_DEFAULT = 5.0
 LIST_WATCH_PERIOD_S_RANGE = (3.0, 1800.0)
 OP_RETRY_MAX_COUNT_RANGE = (1, 10)
+#: Upper bounds of sizes: beyond them a number is a typo (or hostile), not a job.
+MAX_REPLICAS = 10_000  # pods of one replica type
+MAX_NODES = 10_000  # nodes of a cluster
+MAX_PROCS_PER_NODE = 1024  # --nproc_per_node
+MAX_DEVICES_PER_NODE = 1024  # devices a container requests, devicesPerNode of a cluster
+MAX_RESTARTS_LIMIT = 2**31 - 1  # --max_restarts
 OP_RETRY_MS_RANGE = (0, 60000)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from unbroken.spec.knobs import MAX_NODES, MAX_PROCS_PER_NODE, MAX_RESTARTS_LIMIT
 from unbroken.spec.launcher import OPERATOR_VARIABLES, LauncherArgs, LauncherKind, Word
 from unbroken.spec.problems import Problems
 from unbroken.spec.replicas import RawReplica, ReplicaSpec, ReplicaType
@@ -147,7 +148,7 @@ def _launcher(
                 )
             nproc = raw.devices
         elif text is not None:
-            nproc = _int_option(raw, nproc_key, 1, None, problems)
+            nproc = _int_option(raw, nproc_key, 1, MAX_PROCS_PER_NODE, problems)
     if nproc is None:
         nproc = raw.devices if raw.devices else 1
     elif raw.devices is not None and raw.devices != nproc and raw.type is not ReplicaType.SCHEDULER:
@@ -161,7 +162,7 @@ def _launcher(
     nnodes, min_nnodes = nodes, None
     if msrun and "worker_num" in launch.options:
         given.add("nnodes")
-        total = _int_option(raw, "worker_num", 1, None, problems)
+        total = _int_option(raw, "worker_num", 1, MAX_NODES * MAX_PROCS_PER_NODE, problems)
         if total is not None and total != nodes * nproc:
             problems.error(
                 launch.options["worker_num"].line,
@@ -214,7 +215,7 @@ def _launcher(
     master_port = _int_option(raw, "master_port", 1, 65535, problems)
     if "master_port" in launch.options:
         given.add("master_port")
-    max_restarts = _int_option(raw, "max_restarts", 0, None, problems)
+    max_restarts = _int_option(raw, "max_restarts", 0, MAX_RESTARTS_LIMIT, problems)
     if max_restarts is not None:
         given.add("max_restarts")
     interval = _float_option(raw, "monitor_interval", problems)

@@ -27,6 +27,7 @@ from unbroken.spec.document import (
     as_str,
     kind_name,
 )
+from unbroken.spec.knobs import MAX_DEVICES_PER_NODE, MAX_REPLICAS
 from unbroken.spec.launcher import LauncherArgs, RawLaunch, Word, read_command
 from unbroken.spec.problems import Problems
 
@@ -117,7 +118,7 @@ def read_replica(
     type_: ReplicaType, name: str, node: Map, replicas_node: Node | None, problems: Problems
 ) -> RawReplica:
     """Read one replica spec (``replicas`` + ``template``) at ``node``."""
-    replicas = as_int(replicas_node, problems, 1) if replicas_node is not None else 1
+    replicas = as_int(replicas_node, problems, 1, MAX_REPLICAS) if replicas_node is not None else 1
     raw = RawReplica(type=type_, name=name, replicas=replicas or 1, line=node.line, path=node.path)
     template = as_map(node.get("template"), problems)
     if template is None:
@@ -282,7 +283,7 @@ def _read_resources(container: Map, raw: RawReplica, problems: Problems) -> None
         for key, node in block.items.items():
             if not _DEVICE_RESOURCE.fullmatch(key):
                 continue
-            count = as_int(node, problems, 0)
+            count = as_int(node, problems, 0, MAX_DEVICES_PER_NODE)
             if count is None:
                 continue
             previous = found.get(key)

@@ -56,10 +56,15 @@ def test_elastic_nnodes_takes_the_maximum() -> None:
     [
         (["--node_rank", "2", "--nnodes", "2", "x.py"], "--node_rank: 2 must be in [0, 1]"),
         (["--nproc_per_node", "two", "x.py"], "--nproc_per_node: 'two' is not an integer"),
-        (["--nproc_per_node", "0", "x.py"], "--nproc_per_node: 0 must be at least 1"),
+        (["--nproc_per_node", "0", "x.py"], "--nproc_per_node: 0 is out of range (1-1024)"),
+        (
+            ["--nproc_per_node", "100000000000000000000", "x.py"],
+            "--nproc_per_node: 100000000000000000000 is out of range (1-1024)",
+        ),
+        (["--nnodes", "1:20000", "x.py"], "--nnodes: 20000 is out of range (1-10000)"),
         (["--master_port", "70000", "x.py"], "--master_port: 70000 is not a TCP port"),
         (["--monitor_interval", "0", "x.py"], "--monitor_interval: 0.0 must be positive"),
-        (["--max_restarts", "-1", "x.py"], "--max_restarts: -1 must be >= 0"),
+        (["--max_restarts", "-1", "x.py"], "--max_restarts: -1 is out of range (0-2147483647)"),
     ],
 )
 def test_bad_values_are_named(argv: list[str], message: str) -> None:

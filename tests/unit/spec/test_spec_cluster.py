@@ -137,6 +137,14 @@ def test_graceful_fault_tolerance_alone_is_sunset(tmp_path: Path) -> None:
             "allowed: true, false",
         ),
         (
+            "nodes: 100000000000000000000\n",
+            ":1: nodes: out of range: got 100000000000000000000; allowed: a whole number 1-10000",
+        ),
+        (
+            "devicesPerNode: 4096\n",
+            ":1: devicesPerNode: out of range: got 4096; allowed: a whole number 1-1024",
+        ),
+        (
             "node: 3\n",
             ":1: node: unknown cluster key: got 'node'; allowed: nodes, "
             "devicesPerNode, devicePlugin",

@@ -203,7 +203,7 @@ def test_wrong_types(tmp_path: Path) -> None:
         ":8: metadata.labels.pod-rescheduling: must be a string, but YAML reads on as a boolean; "
         'quote it ("on"): Kubernetes rejects non-string labels, annotations and env values',
         ":27: spec.replicaSpecs.Worker.replicas: expected a whole number: got 'two'; allowed: "
-        "a whole number >= 1",
+        "a whole number 1-10000",
     ]
 
 
@@ -251,6 +251,21 @@ def test_no_progress_restarts_is_read_and_bounded(tmp_path: Path) -> None:
         ":10: metadata.annotations.no-progress-restarts: no-progress-restarts is out of range: "
         "got '0'; allowed: a whole number 1-1000"
     ]
+
+
+def test_sizes_have_upper_bounds(tmp_path: Path) -> None:
+    text = job_text().replace("replicas: 2", "replicas: 100000000000000000000")
+    text = text.replace("--nproc_per_node=2", "--nproc_per_node=100000000000000000000")
+    messages = errors(tmp_path, text)
+    assert (
+        ":26: spec.replicaSpecs.Worker.replicas: out of range: got 100000000000000000000; "
+        "allowed: a whole number 1-10000"
+    ) in messages, messages
+    assert any(
+        "--nproc_per_node: invalid value: got '100000000000000000000'; allowed: a whole "
+        "number 1-1024" in m
+        for m in messages
+    ), messages
 
 
 def test_malformed_op_retry_params(tmp_path: Path) -> None:
@@ -458,6 +473,7 @@ def test_mangled_seed_jobs_load_or_fail_with_problems(
     except SpecError as err:
         assert err.problems
         assert all(p.message for p in err.problems)
+
 
 BOMB = "".join(
     f"x{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n"
