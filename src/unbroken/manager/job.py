@@ -41,6 +41,7 @@ from unbroken.devices import (
 )
 from unbroken.faults import CodeTable, Fault, FaultKind, escalate
 from unbroken.ledger import (
+    LedgerError,
     CommunicationReady,
     FaultDetected,
     FirstStepCommitted,
@@ -266,6 +267,12 @@ class JobManager:
                     pass
                 if self.outcome is None:
                     self._tick(time.time())
+        except LedgerError as exc:
+            # Nothing the run does can be recorded (a full disk): stop every process and say so
+            # once, rather than train on unrecorded.
+            raise ManagerError(
+                f"cannot write the run's ledger, so the run was stopped: {exc}"
+            ) from None
         finally:
             self.shutdown()
         assert self.outcome is not None
