@@ -41,7 +41,6 @@ from unbroken.devices import (
 )
 from unbroken.faults import CodeTable, Fault, FaultKind, escalate
 from unbroken.ledger import (
-    LedgerError,
     CommunicationReady,
     FaultDetected,
     FirstStepCommitted,
@@ -51,6 +50,7 @@ from unbroken.ledger import (
     JobSubmitted,
     JobSucceeded,
     Ledger,
+    LedgerError,
     PodStatus,
     ProcessesStarted,
     RecoveryCompleted,
