@@ -8,6 +8,10 @@ it is given, and then, every tick:
 - checks each rank's heartbeat record: a rank whose liveness tick is older than the hang timeout
   (``max(hang_floor_s, hang_factor x observed step time)``) is reported ``rank-hung``;
 - sends a heartbeat with every rank's progress (phase, step, last committed step);
+- once every rank exited 0, reports ``pod-finished`` with the ranks that never started an
+  Unbroken session (no heartbeat record of their own process): the job manager fails such a
+  job ("rank N exited 0 without starting an Unbroken session; nothing was trained") rather
+  than call a script that forgot ``unbroken.worker.init`` a success;
 - carries out commands from the manager's stream: ``restart`` (kill the ranks, start them again
   under a new generation), ``stop`` (SIGTERM, SIGKILL after the grace period or as soon as a
   rank is seen blocked, since a rank stuck inside a collective never runs its handler; or SIGKILL
@@ -349,7 +353,10 @@ class ManagedAgent:
             while True:
                 self._drain_exits()
                 if self.done and len(self.done) == self.args.nproc_per_node:
-                    self._call("AgentReport", {"event": "pod-finished"})
+                    self._call(
+                        "AgentReport",
+                        {"event": "pod-finished", "without_session": self._without_session()},
+                    )
                     return 0
                 code = self._drain_commands()
                 if code is not None:
@@ -518,6 +525,16 @@ class ManagedAgent:
                         "last_tick_at": snap.tick_at,
                     },
                 )
+
+    def _without_session(self) -> list[int]:
+        """Ranks whose process never started an Unbroken session (no heartbeat of its own)."""
+        out = []
+        for rank, proc in sorted(self.ranks.items()):
+            reader = self._readers.get(rank)
+            snap = reader.read() if reader is not None else None
+            if snap is None or snap.pid != proc.pid:
+                out.append(rank)
+        return out
 
     def _progress(self) -> list[dict[str, Any]]:
         out = []

@@ -350,6 +350,22 @@ class JobManager:
             return None
         return pod
 
+    def _all_finished(self) -> None:
+        """Every rank exited 0. A rank that never started an Unbroken session (its script did
+        not call ``unbroken.worker.init``, or exited before it) trained nothing under
+        supervision: no step was committed, checkpointed or protected. The job fails with
+        that reason, so a misconfigured script is not mistaken for a finished training."""
+        idle = sorted(r for p in self.pods.values() for r in p.without_session)
+        if not idle:
+            self.finish(True, f"all {self.job.world_size} ranks finished")
+            return
+        which = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))}"
+        self.finish(
+            False,
+            f"{which} exited 0 without starting an Unbroken session (the training script never "
+            "called unbroken.worker.init); nothing was trained",
+        )
+
     def _hello(self, msg: Inbound) -> None:
         assert msg.reply is not None
         pod = self._pod_by_pid(msg.body)
@@ -401,8 +417,9 @@ class JobManager:
         if event == "pod-finished":
             if gen == self.generation:
                 pod.finished = True
+                pod.without_session = tuple(map(int, body.get("without_session", ())))
                 if all(p.finished for p in self.pods.values()):
-                    self.finish(True, f"all {self.job.world_size} ranks finished")
+                    self._all_finished()
             return
         if event == "pod-stopped":
             pod.stopped = True

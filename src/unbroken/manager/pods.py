@@ -42,6 +42,7 @@ class PodProcess:
     stopped: bool = False
     lost: bool = False
     join: dict[str, int] | None = None  # ranks start as replacements: {"source", "step"}
+    without_session: tuple[int, ...] = ()  # ranks that exited 0 without an Unbroken session
 
     @property
     def pid(self) -> int:
