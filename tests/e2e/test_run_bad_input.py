@@ -113,8 +113,7 @@ def test_chaos_rank_that_does_not_exist_names_the_entry_and_the_ranks(tmp_path: 
     assert res.rc == 1, res.explain()
     line = line_of(chaos, "rank: 7")
     assert res.stderr == (
-        f"unbroken run: {chaos}:{line}: faults[1].rank: 7 does not exist (the job has ranks "
-        "0-3)\n"
+        f"unbroken run: {chaos}:{line}: faults[1].rank: 7 does not exist (the job has ranks 0-3)\n"
     ), res.explain()
     assert not (run_dir / "ledger.db").exists()
     assert not processes_of(run_dir)
