@@ -119,6 +119,8 @@ class Incident:
 #: The code of a link fault found by the training processes themselves: a collective that
 #: failed (after op retry, when it is on) while every peer stayed alive.
 LINK_FAILURE_CODE = "collective-failed"
+#: The exception ranks raise when the replicas' agreement check fails (unbroken.worker.agreement).
+DIVERGED = "ReplicasDiverged"
 
 
 def _exception_name(traceback_text: str) -> str:
@@ -160,6 +162,8 @@ class JobManager:
         self.pods: dict[str, PodProcess] = {}
         self.ranks: dict[int, RankView] = {}
         self.generation = 0
+        #: The generation whose replicas were found diverged (unbroken.worker.agreement).
+        self.diverged_generation: int | None = None
         self.policy_state: Any = Running()
         self.pending: list[PendingFault] = []
         self.history: list[Fault] = []
@@ -536,6 +540,10 @@ class JobManager:
             kind, code = FaultKind.PROCESS_EXIT, f"signal:{sig}"
         elif "Traceback (most recent call last)" in tb:
             kind, code = FaultKind.EXCEPTION, _exception_name(tb)
+            if code == DIVERGED:
+                # The agreement check found the replicas apart: no rank's state is a replica
+                # to repair from; every rank resumes from the newest checkpoint.
+                self.diverged_generation = self.generation
         else:
             kind, code = FaultKind.PROCESS_EXIT, f"exit:{body['returncode']}"
         last = tb.strip().splitlines()[-1] if tb.strip() and not sig else ""
@@ -673,8 +681,20 @@ class JobManager:
         """
         rank0_pod = self.job.pod_of_rank(0)
         healthy = self.executor.healthy_ranks(fault)
-        in_process = bool(healthy) and self.executor.in_process_recovery()
+        process_off = ""
+        if self.diverged_generation == self.generation:
+            process_off = "replicas diverged, so no replica can be trusted"
+        elif not self.executor.in_process_recovery():
+            off = sorted(r for r, v in self.ranks.items() if not v.recoverable)
+            process_off = (
+                f"rank(s) {', '.join(map(str, off))} cannot be repaired in process (their "
+                "logs say why: no DDP model, one rank, or a DDP configuration it refuses)"
+                if off
+                else ""
+            )
+        in_process = bool(healthy) and not process_off and self.executor.in_process_recovery()
         return Feasibility(
+            process_off=process_off,
             replica_for_lost_state=in_process,
             outside_update=in_process,
             spare_node_free=self.executor.spare_node_free(),

@@ -129,7 +129,8 @@ def _process_rungs(
         return []
     configured = config.strategies
     if not feasibility.outside_update:
-        why_not.append("process-level rungs off: ranks stopped inside the optimizer update")
+        why = feasibility.process_off or "ranks stopped inside the optimizer update"
+        why_not.append(f"process-level rungs off: {why}")
         return []
     replica = feasibility.replica_for_lost_state
     pods_known = all(f.pod is not None for f in faults)

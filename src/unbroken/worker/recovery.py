@@ -351,6 +351,9 @@ class Recovery:
             what = f"{self._command.op} command {self._command.seq} at step boundary {step}"
         logger.warning("rank %d: %s; leaving the process group", rank, what)
         self._leave()  # at once, even to fail: peers blocked with this rank then fail too
+        # What the failed step changed goes back now: last words and the replicas' comparison
+        # must see the state the step started from.
+        self.state.rollback(committed)
         if should_stop():
             # A stop was requested (SIGTERM): the peers that already left are stopping too.
             logger.warning("rank %d: %s while stopping; not recovering", rank, what)
@@ -482,9 +485,6 @@ class Recovery:
                 generation=command.generation,
                 rank=command.rank,
             )
-            if regroup:
-                # What the failed step changed goes back before the replicas compare.
-                self.state.rollback(committed)
             repaired = repair(
                 self.state,
                 committed,

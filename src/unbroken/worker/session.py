@@ -257,6 +257,8 @@ class Session:
                     self._leave()
                 if self.ckpt_every and self._committed % self.ckpt_every == 0:
                     self.save_checkpoint()
+        if self._committed == total and total > self.start_step:
+            self._agree(total, closing=True)  # the replicas end as they must, or it is a fault
 
     def _begin(self, step: int) -> None:
         if self._recovery is not None:
@@ -417,7 +419,6 @@ class Session:
                 self.save_checkpoint()
             if self.checkpointer is not None:
                 self.checkpointer.wait()
-            self._agree(self._committed, closing=True)
             if dist.is_initialized():
                 if self._recovery is not None:
                     # The hook's group: an op retry replaced it, and left the default broken.
