@@ -1,0 +1,172 @@
+"""The training state beyond model and optimizer, in one process (real torch, no process
+group): the state codec, the data stream that serves a redone step the same batches, the
+rollback of what a failed step changed, and registered state in a checkpoint."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from unbroken.checkpoint import Checkpointer
+from unbroken.worker.data import Batches
+from unbroken.worker.statecodec import StateCodecError, decode, encode, pack, unpack
+from unbroken.worker.trainstate import TrainState
+
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`:UserWarning"),
+]
+
+
+# -- the codec -------------------------------------------------------------------------------
+
+
+def test_state_dicts_round_trip_with_their_key_types_and_tensors() -> None:
+    value = {
+        "last_epoch": 7,
+        "base_lrs": [0.1, 0.01],
+        "lr_lambdas": [None, None],
+        "scale": math.inf,
+        "nested": {0: (1.5, "x"), "t": torch.arange(3)},
+    }
+    tensors: list[torch.Tensor] = []
+    back = decode(encode(value, tensors), tensors)
+    assert back["nested"][0] == (1.5, "x")  # int key and tuple kept
+    assert back["scale"] == math.inf
+    assert torch.equal(back["nested"]["t"], torch.arange(3))
+    packed = pack(value)
+    assert set(packed) == {"json", "t0"} and packed["json"].dtype == torch.uint8
+    again = unpack(packed)
+    assert again["base_lrs"] == [0.1, 0.01] and again["last_epoch"] == 7
+
+
+def test_a_state_that_cannot_travel_is_refused_naming_where_it_sits() -> None:
+    with pytest.raises(StateCodecError, match=r"state\['fn'\] holds a function"):
+        encode({"fn": lambda step: step}, [])
+
+
+def test_registering_an_object_without_the_protocol_is_refused_at_once() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"state\['counter'\] \(int\) has no state_dict"):
+        TrainState(model, opt, {"counter": 3})
+    with pytest.raises(ValueError, match="state name 'model'"):
+        TrainState(model, opt, {"model": model})
+
+
+# -- the data stream -------------------------------------------------------------------------
+
+
+def _loader(kind: str, rank: int = 0) -> Any:
+    data = TensorDataset(torch.arange(40))
+    sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5)
+    cls = StatefulDataLoader if kind == "stateful" else DataLoader
+    return cls(data, batch_size=4, sampler=sampler)  # 5 batches an epoch
+
+
+def _serve(batches: Batches, first: int, steps: int) -> list[list[int]]:
+    out = []
+    for step in range(first, first + steps):
+        batches.begin(step)
+        out.append(batches.next()[0].tolist())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["stateful", "plain"])
+def test_the_stream_crosses_epochs_reshuffled_as_a_sampler_wants(kind: str) -> None:
+    ranks = [_serve(Batches(_loader(kind, rank)), 0, 12) for rank in (0, 1)]
+    for epoch in (0, 1):
+        seen = [i for served in ranks for batch in served[5 * epoch : 5 * epoch + 5] for i in batch]
+        assert sorted(seen) == list(range(40))  # the two ranks' shards make the data set
+    assert ranks[0][:5] != ranks[0][5:10]  # set_epoch reshuffled it
+
+
+@pytest.mark.parametrize("kind", ["stateful", "plain"])
+def test_a_redone_step_and_a_step_ahead_are_served_again_from_the_tape(kind: str) -> None:
+    reference = _serve(Batches(_loader(kind)), 0, 10)
+    batches = Batches(_loader(kind))
+    _serve(batches, 0, 7)  # steps 0-6 ran; this rank ran one step ahead of the others
+    assert batches.rewind(5)  # the job resumes at step 5
+    assert batches.counters(5) == (0, 5)  # the end of epoch 0: the next batch starts epoch 1
+    assert _serve(batches, 5, 5) == reference[5:]
+
+
+@pytest.mark.parametrize("kind", ["stateful", "plain"])
+def test_a_position_moves_to_another_rank_and_process(kind: str) -> None:
+    """A replacement of rank 1 takes rank 0's position at step 7 and is served rank 1's own
+    batches from there."""
+    reference = _serve(Batches(_loader(kind, rank=1)), 0, 12)
+    source = Batches(_loader(kind, rank=0))
+    _serve(source, 0, 8)  # rank 0 began step 7 (its tape holds where the step started)
+    position = source.position(7)
+    tensors: list[torch.Tensor] = []
+    sent = decode(encode(position, tensors), tensors)  # as a replica sends it
+    replacement = Batches(_loader(kind, rank=1))
+    replacement.load(sent)
+    assert _serve(replacement, 7, 5) == reference[7:]
+
+
+# -- rollback and checkpoints ----------------------------------------------------------------
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)  # running statistics change in the forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(self.norm(self.lin(x)))
+
+
+def _setup() -> tuple[_Net, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    torch.manual_seed(0)
+    net = _Net()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.1)
+    return net, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+
+def test_rollback_undoes_what_a_failed_step_changed() -> None:
+    net, opt, sched = _setup()
+    state = TrainState(net, opt, {"scheduler": sched})
+    before = state.digests(0)
+    state.begin(0, snapshot=True)
+    net(torch.randn(8, 4))  # the forward moves the BatchNorm statistics
+    sched.step()  # the loop body steps the scheduler, which sets the optimizer's lr
+    assert state.digests(0) != before
+    assert state.rollback(0)
+    assert state.digests(0) == before
+    assert opt.param_groups[0]["lr"] == 0.1 and sched.state_dict()["last_epoch"] == 0
+    assert not state.rollback(0)  # nothing to undo twice
+
+
+def test_registered_state_and_data_position_are_in_the_checkpoint(tmp_path: Path) -> None:
+    net, opt, sched = _setup()
+    sched.step()
+    sched.step()
+    batches = Batches(_loader("stateful"))
+    _serve(batches, 0, 3)
+    state = TrainState(net, opt, {"scheduler": sched}, batches)
+    ckpt = Checkpointer(tmp_path)
+    extra = {f"data.{k}": v for k, v in pack(batches.position(3)).items()}
+    ckpt.save_async(3, net, opt, extra, pack(state.state_dicts()))
+    ckpt.wait()
+
+    net2, opt2, sched2 = _setup()
+    restored = Checkpointer(tmp_path).load_latest(net2, opt2)
+    assert restored is not None
+    fresh = TrainState(net2, opt2, {"scheduler": sched2}, Batches(_loader("stateful")))
+    fresh.load_state_dicts(unpack(restored.shared))
+    assert fresh.data is not None
+    fresh.data.load(unpack({k[5:]: v for k, v in restored.extra.items() if k.startswith("data.")}))
+    assert sched2.state_dict() == sched.state_dict()
+    assert fresh.digests(3) == state.digests(3)
+    assert _serve(fresh.data, 3, 4) == _serve(batches, 3, 4)
