@@ -5,22 +5,23 @@
     import unbroken.worker as ub
 
     dist.init_process_group("gloo")
-    session = ub.init(model=ddp_model, optimizer=opt, ckpt_dir=args.ckpt_dir, ckpt_every=100)
+    session = ub.init(ddp_model, opt, state={"scheduler": scheduler}, data=loader,
+                      ckpt_dir=args.ckpt_dir, ckpt_every=100)
     for step in session.steps(total_steps):   # starts at the restored step
-        x, y = batch(step, rank)               # the data position is the step
+        x, y = session.batch()                 # the same batch when a step is redone
         ...
         loss.backward()
         opt.step()                             # the step commits when the body finishes
     session.close()
 
-:func:`init` restores model, optimizer, data position and RNG states from the newest good
-checkpoint. :meth:`Session.steps` yields step indices from there; between two iterations (the
-*step boundary*) it commits the finished step, saves a checkpoint every ``ckpt_every`` commits
-(asynchronously), and honours a stop request. Under ``unbroken launch`` the session also
-writes the rank's heartbeat file (phases, step start and commit, step time) and turns SIGTERM
-into a stop at the next boundary (:class:`TrainingStopped`). Under plain ``torchrun`` those
-hooks are off; checkpoints work the same, and so does the arithmetic: a DDP model's gradients
-are averaged by the same hook (:mod:`unbroken.worker.commhook`) either way.
+:func:`init` restores model, optimizer, registered state, data position and RNG states from
+the newest good checkpoint. :meth:`Session.steps` yields step indices from there; between two
+iterations (the *step boundary*) it commits the finished step, saves a checkpoint every
+``ckpt_every`` commits (asynchronously), and honours a stop request. Under ``unbroken launch``
+the session also writes the rank's heartbeat file (phases, step start and commit, step time)
+and turns SIGTERM into a stop at the next boundary (:class:`TrainingStopped`). Under plain
+``torchrun`` those hooks are off; checkpoints work the same, and so does the arithmetic: a DDP
+model's gradients are averaged by the same hook (:mod:`unbroken.worker.commhook`) either way.
 
 The step boundary is the one place where the loop's course changes: a step whose collectives
 or optimizer update failed is not committed; the session recovers without restarting the
@@ -521,6 +522,14 @@ def init(
     now, and one is saved every ``ckpt_every`` committed steps (0: only on request), keeping
     the newest ``keep``. ``stop_timeout_s`` bounds the time from SIGTERM to exit (default: 5 s
     plus three average steps); ``ckpt_timeout_s`` bounds each checkpoint collective.
+
+    ``state`` registers the script's other training state by name: objects with
+    ``state_dict()``/``load_state_dict()`` that are the same on every data-parallel rank (LR
+    schedulers, ``GradScaler``, EMA weights, counters); ``data`` a ``DataLoader`` or
+    ``StatefulDataLoader`` read through :meth:`Session.batch`. Both are checkpointed, sent from
+    a replica and rolled back with a failed step (:mod:`unbroken.worker.trainstate`,
+    :mod:`unbroken.worker.data`). Every ``agree_every`` steps (0: only after recoveries and
+    at the end) the ranks compare digests of their state (:mod:`unbroken.worker.agreement`).
 
     ``seed`` makes each step's random numbers a function of (seed, rank, step). A DDP model
     on more than one rank gets its gradients averaged by a hook that survives a failed
