@@ -70,8 +70,7 @@ class Batches:
         for i, start in enumerate(self._steps):
             if start.step == step:
                 if start.tape_pos == self._pos:
-                    del self._steps[i + 1 :]
-                    return
+                    return  # a redo of a step on the tape
                 del self._steps[i:]
                 break
         live = self._pos == len(self._tape)
@@ -166,11 +165,11 @@ class Batches:
     def rewind(self, step: int) -> bool:
         """Go back to the start of ``step`` along the tape; False when it is not on it (then
         the rank is already there, or must :meth:`load` a position)."""
-        for i, start in enumerate(self._steps):
+        for start in self._steps:
             if start.step == step:
+                # Later steps keep their starts: their batches are still on the tape, in order.
                 self._pos = start.tape_pos
                 self.epoch, self.index = start.epoch, start.index
-                del self._steps[i + 1 :]
                 return True
         return False
 
