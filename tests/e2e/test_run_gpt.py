@@ -161,8 +161,8 @@ def test_two_faults_in_one_run_across_an_epoch_boundary(
     tmp_path: Path, reference: dict[int, dict[str, Any]]
 ) -> None:
     """A device memory error retried online in epoch 0, then a killed rank replaced in place
-    in epoch 1 (the replacement starts its loader mid-epoch)."""
-    job = gpt_job(tmp_path / "job.yaml", strategy="retry,recover-in-place")
+    in epoch 1 (the replacement starts its loader, with a worker process, mid-epoch)."""
+    job = gpt_job(tmp_path / "job.yaml", strategy="retry,recover-in-place", args=("--workers=1",))
     stdout, run_dir = run_faulted(
         tmp_path,
         job,

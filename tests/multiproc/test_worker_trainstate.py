@@ -62,6 +62,13 @@ def test_registering_an_object_without_the_protocol_is_refused_at_once() -> None
         TrainState(model, opt, {"model": model})
 
 
+def test_the_sessions_control_exceptions_are_not_swallowed_by_except_exception() -> None:
+    from unbroken.worker import RecoveryFailed, ReplicasDiverged, TrainingStopped
+
+    for exc in (RecoveryFailed, ReplicasDiverged, TrainingStopped):
+        assert issubclass(exc, BaseException) and not issubclass(exc, Exception), exc
+
+
 # -- the data stream -------------------------------------------------------------------------
 
 
