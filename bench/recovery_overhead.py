@@ -18,18 +18,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from ranks import run_ranks
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -108,40 +104,13 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 
 def _launch(args: argparse.Namespace) -> dict[str, Any]:
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
-    )
-    with tempfile.TemporaryDirectory(prefix="ub-bench-") as tmp:
-        out = Path(tmp) / "result.json"
-        procs = []
-        for rank in range(args.world):
-            env = dict(os.environ)
-            env.update(
-                {
-                    "OMP_NUM_THREADS": "1",
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(args.world),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(store.port),
-                    "TORCHELASTIC_USE_AGENT_STORE": "True",
-                    "UNBROKEN_JOB_ID": "bench",
-                    "UNBROKEN_GENERATION": "0",
-                    "UNBROKEN_HEARTBEAT_FILE": str(Path(tmp) / f"hb-rank{rank}"),
-                    "UNBROKEN_MAILBOX": str(Path(tmp) / f"mb-rank{rank}"),
-                }
-            )
-            argv = [sys.executable, __file__, "--rank-worker", "--out", str(out)]
-            for name in ("block", "repeats", "warmup", "hidden", "batch"):
-                argv += [f"--{name}", str(getattr(args, name))]
-            if args.per_parameter:
-                argv.append("--per-parameter")
-            procs.append(subprocess.Popen(argv, env=env))
-        codes = [p.wait() for p in procs]
-        if codes != [0] * args.world:
-            raise SystemExit(f"ranks exited with {codes}")
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
+    def argv(tmp: Path) -> list[str]:
+        out = []
+        for name in ("block", "repeats", "warmup", "hidden", "batch"):
+            out += [f"--{name}", str(getattr(args, name))]
+        return [*out, "--per-parameter"] if args.per_parameter else out
+
+    return run_ranks(__file__, args.world, argv, mailbox=True)
 
 
 def main() -> None:
