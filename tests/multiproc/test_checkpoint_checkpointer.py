@@ -154,3 +154,16 @@ def test_last_words_that_cannot_be_written_leave_nothing_behind(tmp_path: Path) 
     with pytest.raises(CheckpointError, match=r"saving last words of step 3 to .*file/ckpt"):
         ckpt.save_last_words(3, model, opt, {0: {}}, world_size=1)
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+def test_a_new_checkpoint_directory_is_private(tmp_path: Path) -> None:
+    """Restoring unpickles a checkpoint's metadata: only its owner may write (or read) it."""
+    model, opt = _model_and_optimizer(0)
+    root = tmp_path / "ckpt"
+    ckpt = Checkpointer(root)
+    ckpt.save_async(1, model, opt)
+    ckpt.wait()
+    ckpt.save_last_words(2, model, opt, {0: {}}, world_size=1)
+    assert root.stat().st_mode & 0o777 == 0o700
+    for _, path in list_checkpoints(root):
+        assert path.stat().st_mode & 0o777 == 0o700, path

@@ -4,11 +4,14 @@
 as a *client* to the rendezvous store at MASTER_ADDR:MASTER_PORT instead of rank 0 hosting it.
 torch 2.13 puts no per-attempt prefix on the keys of that store, so every generation gets a
 store of its own (a new MASTER_PORT): a restarted world never reads a dead rank's address.
-``TORCHELASTIC_RESTART_COUNT`` carries the generation for scripts that look at it.
+``TORCHELASTIC_RESTART_COUNT`` carries the generation for scripts that look at it. With the
+store on a loopback address (a job on one machine), ``GLOO_SOCKET_IFNAME=lo`` keeps the ranks'
+own gloo sockets on loopback too, unless the user set an interface.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -48,4 +51,18 @@ def rank_env(
     )
     if heartbeat_file is not None:
         env["UNBROKEN_HEARTBEAT_FILE"] = str(heartbeat_file)
+    if _loopback(args.master_addr) and not any(k in env for k in _IFNAME_VARS):
+        # A job on one machine: gloo's own listening sockets stay on loopback too (torch
+        # otherwise binds them to the address of the machine's host name).
+        env["GLOO_SOCKET_IFNAME"] = "lo"
     return env
+
+
+_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
+def _loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"

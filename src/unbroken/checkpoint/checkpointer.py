@@ -64,6 +64,13 @@ _RANKS = "ranks"
 _SHARED = "state"
 
 
+def _private_dir(path: Path) -> None:
+    """Create the checkpoint root readable and writable by its owner alone (restoring a
+    checkpoint unpickles its metadata: see SECURITY.md); an existing directory is left as it
+    is."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 def _tensors_under(metadata: Metadata, prefix: str) -> dict[str, torch.Tensor]:
     """Empty tensors for every tensor entry of the checkpoint under ``prefix`` (keys without
     it), ready to load into."""
@@ -158,7 +165,8 @@ class Checkpointer:
         self.wait()
         path = step_dir(self.root, step)
         if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
+            _private_dir(self.root)
+            path.mkdir(mode=0o700, exist_ok=True)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state: dict[str, Any] = {
             "model": model_sd,
@@ -284,9 +292,9 @@ class Checkpointer:
             return final
         tmp = self.root / f".last-words-{step:08d}-{os.getpid()}"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            _private_dir(self.root)
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            tmp.mkdir(mode=0o700)
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state: dict[str, Any] = {
                 "model": model_sd,
