@@ -9,16 +9,19 @@ import sys
 import time
 from pathlib import Path
 
-from unbroken.cli.rundir import RunDirError, find_run
+from unbroken.cli.rundir import RunDirError, find_run, is_live
 from unbroken.ledger import (
     EVENT_TYPES,
     RAW_KINDS,
     Ledger,
     LedgerError,
     Record,
+    format_goodput,
     format_incidents,
+    goodput,
     incidents,
 )
+from unbroken.ledger.codec import to_json_value
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,8 +62,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         records = ledger.events(kinds=args.kind)
         if args.incidents:
-            found = incidents(ledger.events())
-            print(format_incidents(found) if found else "no incidents")
+            every = ledger.events()
+            found = incidents(every)
+            st = ledger.status()
+            live = st is not None and not st.phase.finished and is_live(run_dir)
+            gp = goodput(every, now=time.time() if live else None)
+            if args.json:
+                print(
+                    json.dumps(
+                        {"incidents": [to_json_value(i) for i in found], "goodput": gp.to_json()}
+                    )
+                )
+            else:
+                print(format_incidents(found) if found else "no incidents")
+                print()
+                print(format_goodput(gp))
             return 0
         for rec in records:
             print(_line(rec, args.json))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from unbroken.cli.rundir import RunDirError, find_run, is_live
-from unbroken.ledger import Ledger, LedgerError
+from unbroken.ledger import Ledger, LedgerError, goodput, goodput_line
 from unbroken.ledger.store import encode_status
 
 
@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"unbroken status: {exc}", file=sys.stderr)
         return 1
     st = ledger.status()
+    records = ledger.events()
     ledger.close()
     if st is None:
         print(f"unbroken status: {run_dir}: the job has not started yet", file=sys.stderr)
@@ -35,9 +36,12 @@ def run(args: argparse.Namespace) -> int:
     # The ledger keeps the last phase the control plane wrote; a control plane that was killed
     # or stopped wrote no end, so an unfinished phase is only true while the run is live.
     live = is_live(run_dir)
+    # A live run's wall time runs to now; a stopped one's ends at its last record.
+    gp = goodput(records, now=time.time() if live and not st.phase.finished else None)
     if args.json:
         data = encode_status(st)
         data["control_plane"] = "running" if live else "stopped"
+        data["goodput"] = gp.to_json()
         print(json.dumps(data, indent=2))
         return 0
     total = f"/{st.total_steps}" if st.total_steps else ""
@@ -50,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"phase:       {phase}")
     print(f"step:        {st.step}{total}   generation {st.generation}")
     print(f"faults:      {st.faults}   recoveries {st.recoveries}")
+    print(f"goodput:     {goodput_line(gp)}")
     print(f"updated:     {age:.1f} s ago")
     for pod in st.pods:
         ranks = ", ".join(f"{r}:{p}" for r, p in zip(pod.ranks, pod.pids, strict=True))

@@ -29,6 +29,14 @@ from unbroken.ledger.events import (
     StateSource,
     StepProgress,
 )
+from unbroken.ledger.goodput import (
+    CAUSE_LABELS,
+    CAUSES,
+    Goodput,
+    format_goodput,
+    goodput,
+    goodput_line,
+)
 from unbroken.ledger.status import JobPhase, JobStatus, PodStatus
 from unbroken.ledger.store import SCHEMA_VERSION, Ledger, LedgerError, Record
 from unbroken.ledger.timeline import (
@@ -41,6 +49,8 @@ from unbroken.ledger.timeline import (
 )
 
 __all__ = [
+    "CAUSES",
+    "CAUSE_LABELS",
     "EVENT_TYPES",
     "PHASES",
     "RAW_KINDS",
@@ -54,6 +64,7 @@ __all__ = [
     "Event",
     "FaultDetected",
     "FirstStepCommitted",
+    "Goodput",
     "Incident",
     "IncidentOutcome",
     "JobFailed",
@@ -76,6 +87,9 @@ __all__ = [
     "StepProgress",
     "decode",
     "encode",
+    "format_goodput",
     "format_incidents",
+    "goodput",
+    "goodput_line",
     "incidents",
 ]
