@@ -153,11 +153,13 @@ class FirstStepCommitted(Event):
 
 @dataclass(frozen=True)
 class StepProgress(Event):
-    """Sparse progress marker (every N committed steps)."""
+    """Sparse progress marker (every N committed steps). ``step_time_s`` is the ranks' median;
+    ``rank_step_times_s[r]`` rank ``r``'s last step time (0: not known)."""
 
     generation: int
     step: int
     step_time_s: float | None = None
+    rank_step_times_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -762,7 +762,13 @@ class JobManager:
         if step // every > self.progress_step // every:
             self.ledger.record(
                 StepProgress(
-                    generation=gen, step=step, step_time_s=median_step_time(self.ranks.values())
+                    generation=gen,
+                    step=step,
+                    step_time_s=median_step_time(self.ranks.values()),
+                    rank_step_times_s=tuple(
+                        self.ranks[r].step_time_s if r in self.ranks else 0.0
+                        for r in range(self.job.world_size)
+                    ),
                 )
             )
             total = f"/{self.job.total_steps}" if self.job.total_steps else ""
