@@ -22,6 +22,7 @@ _COMMANDS: dict[str, str] = {
     "run": "run",
     "status": "status",
     "events": "events",
+    "report": "report",
     "inject": "inject",
 }
 
