@@ -38,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--codes", type=Path, default=None, help="override of the fault code table")
     p.add_argument("--agent-timeout", type=float, default=2.0, help="s before a node is lost")
     p.add_argument("--hang-timeout", type=float, default=3.0, help="least s of silence = hang")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="port of the metrics and dashboard endpoint on 127.0.0.1 (default: a free one)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the summary")
 
 
@@ -118,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         layout = build_layout(job, cluster, Path("."))
     except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
+    if not 0 <= args.metrics_port <= 65535:
+        return _fail(f"--metrics-port {args.metrics_port}: expected a port from 0 to 65535")
     nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
     chaos: tuple[ChaosFault, ...] = ()
     if args.chaos is not None:
@@ -178,7 +186,11 @@ def _run_in(
         auto_stowing=cluster.auto_stowing,
         code_table=args.codes,
     )
-    opts = ManagerOptions(agent_timeout_s=args.agent_timeout, hang_floor_s=args.hang_timeout)
+    opts = ManagerOptions(
+        agent_timeout_s=args.agent_timeout,
+        hang_floor_s=args.hang_timeout,
+        metrics_port=args.metrics_port,
+    )
     console = Console(quiet=args.quiet)
     try:
         ledger = Ledger(run_dir / "ledger.db")

@@ -60,6 +60,7 @@ from unbroken.ledger import (
 )
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
+from unbroken.manager.metrics import LedgerCollector, registry_for
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.progress import (
     RankView,
@@ -68,11 +69,13 @@ from unbroken.manager.progress import (
     median_step_time,
 )
 from unbroken.manager.service import CommandQueues, Inbound, build_server
+from unbroken.manager.web import WebEndpoint, WebError
 from unbroken.policy import FaultDetected as PolicyFault
 from unbroken.policy import Feasibility, Running
 from unbroken.policy import RecoveryCompleted as PolicyRecovered
 from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
+from unbroken.report import render
 from unbroken.rpc.store import host_store
 from unbroken.scheduler import Cluster
 from unbroken.worker.chaos import MEMORY_ERROR_CODE
@@ -177,6 +180,7 @@ class JobManager:
         self.outcome: RunOutcome | None = None
         self.store: Any = None
         self.server: Any = None
+        self.web: WebEndpoint | None = None
         self.watcher: DeviceWatcher | None = None
         self.sim_dir = run_dir / "devices"
         self.control_file = run_dir / "control.json"
@@ -195,6 +199,7 @@ class JobManager:
         self.open_store(self.job.master_port or 0)
         self.server = build_server(self.secret, self.inbox, self.commands, answer_timeout_s=10.0)
         self.server.start()
+        self._start_web()
         self._write_control_file()
         provider = SimProvider(self.sim_dir, {n: self.cl.devices_per_node for n in self.cl.nodes})
         self.watcher = DeviceWatcher(
@@ -220,6 +225,26 @@ class JobManager:
         self.executor.place_and_start(tuple(p.name for p in self.job.pods), prefer={})
         if self.outcome is None and not self.pods:
             raise ManagerError("no pod could be placed")
+
+    def _start_web(self) -> None:
+        """Prometheus metrics and the live dashboard, computed from the ledger per request."""
+        collector = LedgerCollector(self.ledger)
+
+        def page() -> str:
+            st = self.ledger.status()
+            live = st is None or not st.phase.finished
+            return render(collector.records(), st, now=time.time() if live else None, refresh_s=5)
+
+        try:
+            self.web = WebEndpoint(
+                self.secret, registry_for(collector), page, self.opt.metrics_port
+            )
+        except WebError as exc:
+            raise ManagerError(str(exc)) from None
+        self.console.line(
+            f"metrics http://{self.web.address}/metrics, dashboard http://{self.web.address}/ "
+            f"(token: the secret in {self.control_file.name})"
+        )
 
     def open_store(self, port: int = 0) -> None:
         """A fresh rendezvous store for the next generation.
@@ -250,6 +275,7 @@ class JobManager:
             json.dump(
                 {
                     "address": self.server.address,
+                    "metrics": self.web.address if self.web is not None else "",
                     "secret": self.secret,
                     "pid": os.getpid(),
                     "job": self.job.job_id,
@@ -290,6 +316,8 @@ class JobManager:
             self.watcher.stop()
         if self.server is not None:
             self.server.stop(0.2)
+        if self.web is not None:
+            self.web.stop()
         self.control_file.unlink(missing_ok=True)
         self.store = None
 

@@ -73,3 +73,4 @@ class ManagerOptions:
     hang_floor_s: float = 3.0
     hang_factor: float = 10.0
     progress_every: int = 20  # a StepProgress event every N committed steps
+    metrics_port: int = 0  # of the metrics and dashboard endpoint (0: a free port)
