@@ -196,7 +196,7 @@ def _incidents(recs: Sequence[Record], found: Sequence[Incident]) -> str:
             [(p.name, p.duration_s or 0.0, colors[p.name]) for p in i.phases],
             css_class="phases",
             scale_s=longest,
-            width=420,
+            width=300,
             height=16,
         )
         phases = ", ".join(
@@ -218,12 +218,11 @@ def _incidents(recs: Sequence[Record], found: Sequence[Incident]) -> str:
 
 
 def _goodput(gp: Goodput) -> str:
-    colors = {"productive": "#009e73"}
+    # colours for the causes shown only, so that they differ from each other
     others = [c for c in PALETTE if c != "#009e73"]
-    for n, cause in enumerate(CAUSES):
-        colors[cause] = others[n % len(others)]
-    parts = [("productive", gp.productive_s, colors["productive"])]
-    parts += [(c, gp.badput_s[c], colors[c]) for c in CAUSES if gp.badput_s[c] > 0]
+    shown = [c for c in CAUSES if gp.badput_s[c] > 0]
+    parts = [("productive", gp.productive_s, "#009e73")]
+    parts += [(c, gp.badput_s[c], others[n % len(others)]) for n, c in enumerate(shown)]
     bar = stacked_bar(parts, css_class="goodput", scale_s=gp.wall_s or 1.0, height=28)
     rows = []
     for name, seconds, color in parts:
