@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,12 @@ def test_metrics_while_a_job_recovers(run_dir: Path, tmp_path: Path) -> None:
         assert job.wait().rc == 0
     finally:
         job.stop()
+    stdout, _ = job.output()
+    # the console says how long the decision's rung may take before the next one is tried
+    (decision,) = [ln for ln in stdout.splitlines() if "] decision: " in ln]
+    assert re.search(
+        r"; [a-z-]+ has \d+ s to commit a step, then the next rung is tried$", decision
+    )
 
     # while the job was recovering, a scrape counted the fault and no recovery yet
     assert seen_recovering, "no scrape saw the fault before its recovery"

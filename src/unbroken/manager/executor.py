@@ -145,7 +145,13 @@ class Executor:
                     reason=d.reason,
                 )
             )
-            self.m.console.line(f"decision: {strategy}: {d.reason}")
+            wait = ""
+            if isinstance(d.state, Recovering) and d.state.deadline_at > now:
+                wait = (
+                    f"; {strategy} has {d.state.deadline_at - now:.0f} s to commit a step, "
+                    "then the next rung is tried"
+                )
+            self.m.console.line(f"decision: {strategy}: {d.reason}{wait}")
             self._run(d.commands, now)
 
     def _run(self, commands: Sequence[Command], now: float) -> None:
@@ -160,7 +166,10 @@ class Executor:
                 return
             if isinstance(cmd, BackOff):
                 self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
-                self.m.console.line(f"backing off {cmd.delay_s:.0f} s before recovering")
+                self.m.console.line(
+                    f"backing off {cmd.delay_s:.0f} s before recovering (the fault recurred "
+                    "without progress)"
+                )
                 return
             self.execute(cmd, now)
 
@@ -736,6 +745,17 @@ class Executor:
                 return
             self.m.ledger.record_raw("PodUnschedulable", {"pod": result.pod, "reason": reason})
             self.m.pending_reason = reason
+            if self.unplaced is None:
+                rec = self.m.policy_state
+                until = (
+                    f" for up to {rec.deadline_at - time.time():.0f} s"
+                    if isinstance(rec, Recovering) and rec.deadline_at > time.time()
+                    else ""
+                )
+                self.m.console.line(
+                    f"waiting{until} for room for {', '.join(pods)}: a device or node back "
+                    "in the pool"
+                )
             if self.unplaced is None:
                 self.unplaced = tuple(pods)
                 self._queue.append(PodUnschedulable(pod=result.pod, at=time.time()))
