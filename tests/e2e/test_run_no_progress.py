@@ -4,13 +4,12 @@ ranks several times a second for ``max_restarts`` rounds while the ledger grows.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_runs import events, of_kind, run_job, write_job
+from disks import tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -47,22 +46,8 @@ def test_script_that_raises_at_import_fails_the_job_with_the_reason(
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 KiB tmpfs: too small for one checkpoint of the e2e job's model."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "tiny", "size=16k,mode=0700") as mount:
         yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def test_full_checkpoint_disk_ends_the_job_instead_of_recovering_forever(

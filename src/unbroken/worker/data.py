@@ -77,13 +77,12 @@ class Batches:
         state = self._loader_state() if live else None
         self._steps.append(_StepStart(step, self._pos, self.epoch, self.index, state))
         if len(self._steps) > _KEEP_STEPS:
-            drop = self._steps.pop(0)
+            del self._steps[0]
             cut = self._steps[0].tape_pos
             del self._tape[:cut]
             self._pos -= cut
             for start in self._steps:
                 start.tape_pos -= cut
-            del drop
 
     def next(self) -> Any:
         """The next batch of the current step."""
