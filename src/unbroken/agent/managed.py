@@ -5,17 +5,20 @@ it is given, and then, every tick:
 
 - reports each rank exit at once (``rank-exited``: signal, exit code, traceback), except exits
   it caused itself (restart or stop commands);
-- checks each rank's heartbeat record: a rank whose liveness tick is older than the hang timeout
-  (``max(hang_floor_s, hang_factor x observed step time)``) is reported ``rank-hung``;
+- checks each rank's heartbeat record: a rank whose liveness tick and progress both stopped
+  for three of its step times, measured online (:mod:`unbroken.agent.hang`), is reported
+  ``rank-hung``;
 - sends a heartbeat with every rank's progress (phase, step, last committed step);
 - once every rank exited 0, reports ``pod-finished`` with the ranks that never started an
   Unbroken session (no heartbeat record of their own process): the job manager fails such a
   job ("rank N exited 0 without starting an Unbroken session; nothing was trained") rather
   than call a script that forgot ``unbroken.worker.init`` a success;
-- carries out commands from the manager's stream: ``restart`` (kill the ranks, start them again
+- carries out orders from the manager's stream: ``restart`` (kill the ranks, start them again
   under a new generation), ``stop`` (SIGTERM, SIGKILL after the grace period or as soon as a
   rank is seen blocked, since a rank stuck inside a collective never runs its handler; or SIGKILL
   at once for force), then exit.
+
+Reports and orders are the typed messages of :mod:`unbroken.protocol.messages`.
 
 The agent imports no torch: it starts in a fraction of a second, which matters when a pod is
 rescheduled. When the control plane stops answering for ``control_timeout_s`` the agent kills
@@ -35,14 +38,44 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from unbroken.agent.env import CONTROL_VARS, rank_env
+from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.ranks import RankExit, RankProcess, rank_argv, start_standby
+from unbroken.protocol.heartbeat import HeartbeatReader, HeartbeatRecord, Phase
+from unbroken.protocol.kinds import StepFailure
+from unbroken.protocol.mailbox import MailboxWriter
+from unbroken.protocol.messages import (
+    COMMANDS,
+    AgentHeartbeat,
+    AgentHello,
+    EndRanks,
+    HelloAnswer,
+    Order,
+    PauseRanks,
+    PodFinished,
+    PodStopped,
+    ProtocolError,
+    RankExited,
+    RankFailed,
+    RankHung,
+    RankProgress,
+    RanksRejoined,
+    RanksStarted,
+    RejoinRanks,
+    Report,
+    RestartRanks,
+    Sender,
+    StopPod,
+    WriteLastWords,
+    decode_answer,
+    decode_order,
+    encode_report,
+    method_of,
+)
 from unbroken.rpc import ControlClient, RpcError
-from unbroken.worker.heartbeat import HeartbeatReader, HeartbeatRecord, Phase, StepFailure
-from unbroken.worker.mailbox import MailboxWriter
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +87,7 @@ class AgentSettings:
     secret: str
     run_dir: Path
     heartbeat_interval_s: float = 0.1
-    hang_floor_s: float = 3.0
-    hang_factor: float = 10.0
+    hang: HangSettings = dataclasses.field(default_factory=HangSettings)
     control_timeout_s: float = 10.0
     standby: bool = True  # keep a warm process per rank slot (UNBROKEN_STANDBY=0: off)
 
@@ -69,8 +101,11 @@ class AgentSettings:
             control=control,
             secret=env["UNBROKEN_SECRET"],
             run_dir=Path(env["UNBROKEN_RUN_DIR"]),
-            hang_floor_s=float(env.get("UNBROKEN_HANG_FLOOR_S", "3.0")),
-            hang_factor=float(env.get("UNBROKEN_HANG_FACTOR", "10")),
+            hang=HangSettings(
+                factor=float(env.get("UNBROKEN_HANG_FACTOR", str(HangSettings.factor))),
+                floor_s=float(env.get("UNBROKEN_HANG_FLOOR_S", str(HangSettings.floor_s))),
+                startup_s=float(env.get("UNBROKEN_HANG_STARTUP_S", str(HangSettings.startup_s))),
+            ),
             standby=env.get("UNBROKEN_STANDBY", "1") != "0",
         )
 
@@ -98,12 +133,13 @@ class ManagedAgent:
         self.done: set[int] = set()
         self.hung_reported: set[tuple[int, int]] = set()
         self._exits: queue.Queue[RankExit] = queue.Queue()
-        self._commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._commands: queue.Queue[Order] = queue.Queue()
         self._expected_exit: set[int] = set()  # pids we are stopping on purpose
         self._last_contact = time.monotonic()
         self._readers: dict[int, HeartbeatReader] = {}
         self._mailboxes: dict[int, MailboxWriter] = {}
         self._failed_seen: dict[int, float] = {}
+        self._clocks: dict[int, StepClock] = {}  # rank -> its process's step time
         self._failures_reported: set[tuple[int, float]] = set()
         self._ended_after_failure: set[int] = set()
         self.pod_dir = settings.run_dir / "pods" / settings.pod
@@ -112,16 +148,12 @@ class ManagedAgent:
         self._refill_at: float | None = None
 
     # ---- control plane ----------------------------------------------------------------
-    def _call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-        body = {
-            "pod": self.s.pod,
-            "agent_pid": os.getpid(),
-            "at": time.time(),
-            "generation": self.generation,
-            **body,
-        }
+    def _send(self, report: Report) -> dict[str, Any]:
+        sender = Sender(
+            pod=self.s.pod, agent_pid=os.getpid(), generation=self.generation, at=time.time()
+        )
         try:
-            reply = self.client.call(method, body)
+            reply = self.client.call(method_of(report), encode_report(sender, report))
         except RpcError as exc:
             if time.monotonic() - self._last_contact > self.s.control_timeout_s:
                 raise AgentExit(3, f"giving up: {exc}") from None
@@ -133,10 +165,11 @@ class ManagedAgent:
     def _watch_commands(self) -> None:
         while True:
             try:
-                for cmd in self.client.stream(
-                    "AgentCommands", {"pod": self.s.pod, "pid": os.getpid()}
-                ):
-                    self._commands.put(cmd)
+                for body in self.client.stream(COMMANDS, {"pod": self.s.pod, "pid": os.getpid()}):
+                    try:
+                        self._commands.put(decode_order(body))
+                    except ProtocolError as exc:
+                        log.error("order from the manager refused: %s", exc)
                 return  # the server closed the stream: the run is over
             except RpcError as exc:
                 log.debug("command stream interrupted: %s", exc)
@@ -189,39 +222,34 @@ class ManagedAgent:
         # New standbys start once these ranks train: on two cores, importing torch for a
         # standby beside ranks that import it too would slow down the start being made now.
         self._refill_at = time.monotonic() + 30.0
-        self._report_ranks("ranks-started", ())
+        pids = {r: p.pid for r, p in self.ranks.items()}
+        self._send(RanksStarted(pids=pids, started_at=self._started_at()))
 
-    def _report_ranks(self, event: str, joined: tuple[int, ...]) -> None:
-        self._call(
-            "AgentReport",
-            {
-                "event": event,
-                "pids": {str(r): p.pid for r, p in self.ranks.items()},
-                "joined": list(joined),
-                "started_at": max(p.started_at for p in self.ranks.values()),
-            },
-        )
+    def _started_at(self) -> float:
+        return max(p.started_at for p in self.ranks.values())
 
-    def _post_rejoin(self, rank: int, cmd: dict[str, Any]) -> None:
+    def _post_rejoin(self, rank: int, order: RejoinRanks) -> None:
         self._mailboxes[rank].post(
             {
                 "op": "rejoin",
-                "generation": int(cmd["generation"]),
+                "generation": order.generation,
                 "master_addr": self.args.master_addr,
                 "master_port": self.args.master_port,
                 "rank": rank,
                 "world_size": self.args.world_size,
-                "source": int(cmd["source"]),
-                "step": int(cmd["step"]),
+                "source": order.source,
+                "step": order.step,
             }
         )
 
-    def _rejoin(self, cmd: dict[str, Any], replace: tuple[int, ...]) -> None:
+    def _rejoin(self, order: RejoinRanks) -> None:
         """Process-level recovery: the healthy ranks of this pod leave the broken group and
-        join generation ``cmd['generation']`` without restarting; ranks in ``replace`` (lost
-        or not trusted) get a new process that takes its state from the replica ``source``."""
-        self.generation = int(cmd["generation"])
-        self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
+        join generation ``order.generation`` without restarting; ranks in ``order.replace``
+        (lost or not trusted) get a new process that takes its state from the replica
+        ``order.source``."""
+        replace = order.replace
+        self.generation = order.generation
+        self.args = dataclasses.replace(self.args, master_port=order.master_port)
         for rank in replace:
             old = self.ranks.get(rank)
             if old is not None and old.alive:
@@ -231,11 +259,12 @@ class ManagedAgent:
         for rank, proc in self.ranks.items():
             if rank not in replace and proc.alive:
                 proc.generation = self.generation  # the same process, now in the new generation
-                self._post_rejoin(rank, cmd)
+                self._post_rejoin(rank, order)
         for rank in replace:
-            self._post_rejoin(rank, cmd)
+            self._post_rejoin(rank, order)
         self._refill_at = time.monotonic() + 30.0
-        self._report_ranks("ranks-rejoined", replace)
+        pids = {r: p.pid for r, p in self.ranks.items()}
+        self._send(RanksRejoined(pids=pids, joined=replace, started_at=self._started_at()))
 
     def _refill_standbys(self) -> None:
         if not self.use_standby or self._refill_at is None:
@@ -312,35 +341,35 @@ class ManagedAgent:
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> int:
-        hello = self._call(
-            "AgentHello",
-            {
-                "pid": os.getpid(),
-                "node_rank": self.args.node_rank,
-                "nproc": self.args.nproc_per_node,
-            },
+        reply = self._send(
+            AgentHello(
+                pid=os.getpid(), node_rank=self.args.node_rank, nproc=self.args.nproc_per_node
+            )
         )
-        if not hello:
+        if not reply:
             raise AgentExit(3, f"control plane at {self.s.control} did not answer the hello")
-        if not hello.get("ok"):
-            raise AgentExit(3, f"the job manager refused this agent: {hello.get('error')}")
+        try:
+            hello: HelloAnswer = decode_answer(reply)
+        except ProtocolError as exc:
+            raise AgentExit(3, f"the job manager's answer to the hello: {exc}") from None
+        if not hello.ok:
+            raise AgentExit(3, f"the job manager refused this agent: {hello.error}")
         threading.Thread(target=self._watch_commands, name="commands", daemon=True).start()
-        join = hello.get("join")
-        if join:
+        if hello.join is not None:
             # A replacement pod: its ranks take their state from a replica (``recover``).
-            self.generation = int(hello["generation"])
+            self.generation = hello.generation
             replace = tuple(self.args.global_rank(i) for i in range(self.args.nproc_per_node))
             self._rejoin(
-                {
-                    "generation": self.generation,
-                    "master_port": self.args.master_port,
-                    "source": join["source"],
-                    "step": join["step"],
-                },
-                replace,
+                RejoinRanks(
+                    generation=hello.generation,
+                    master_port=self.args.master_port,
+                    source=hello.join.source,
+                    step=hello.join.step,
+                    replace=replace,
+                )
             )
         else:
-            self._start_ranks(int(hello["generation"]))
+            self._start_ranks(hello.generation)
         tick_s = min(self.args.monitor_interval_s, 0.05)
         next_hb = 0.0
         try:
@@ -353,10 +382,7 @@ class ManagedAgent:
             while True:
                 self._drain_exits()
                 if self.done and len(self.done) == self.args.nproc_per_node:
-                    self._call(
-                        "AgentReport",
-                        {"event": "pod-finished", "without_session": self._without_session()},
-                    )
+                    self._send(PodFinished(without_session=tuple(self._without_session())))
                     return 0
                 code = self._drain_commands()
                 if code is not None:
@@ -364,7 +390,7 @@ class ManagedAgent:
                 self._check_hangs()
                 self._refill_standbys()
                 if time.monotonic() >= next_hb:
-                    self._call("AgentHeartbeat", {"ranks": self._progress()})
+                    self._send(AgentHeartbeat(ranks=self._progress()))
                     next_hb = time.monotonic() + self.s.heartbeat_interval_s
                 time.sleep(tick_s)
         except AgentExit:
@@ -396,62 +422,65 @@ class ManagedAgent:
                 ex = dataclasses.replace(ex, ended_after_failure=True)
             log.warning("rank %d (pid %d) %s", ex.rank, ex.pid, ex.describe())
             snap = self._readers[ex.rank].read() if ex.rank in self._readers else None
-            self._call(
-                "AgentReport",
-                {
-                    "event": "rank-exited",
-                    "rank": ex.rank,
-                    "pid": ex.pid,
-                    "returncode": ex.returncode,
-                    "signal": None if ex.ended_after_failure else ex.signal_name,
-                    "ended_after_failure": ex.ended_after_failure,
-                    "traceback": ex.traceback[-8000:],
-                    "peer_failure": ex.peer_failure,
-                    "exited_at": ex.at,
-                    "committed": snap.committed
-                    if snap is not None and snap.pid == ex.pid
-                    else None,
-                },
+            self._send(
+                RankExited(
+                    rank=ex.rank,
+                    pid=ex.pid,
+                    returncode=ex.returncode,
+                    exited_at=ex.at,
+                    signal=None if ex.ended_after_failure else ex.signal_name,
+                    ended_after_failure=ex.ended_after_failure,
+                    traceback=ex.traceback[-8000:],
+                    peer_failure=ex.peer_failure,
+                    committed=snap.committed if snap is not None and snap.pid == ex.pid else None,
+                )
             )
 
     def _drain_commands(self) -> int | None:
         while True:
             try:
-                cmd = self._commands.get_nowait()
+                order = self._commands.get_nowait()
             except queue.Empty:
                 return None
-            op = cmd.get("op")
-            if op == "restart":
+            code = self._obey(order)
+            if code is not None:
+                return code
+
+    def _obey(self, order: Order) -> int | None:
+        """Carry out one order; the agent's exit status when the order ends it."""
+        match order:
+            case RestartRanks(generation=generation, master_port=port):
                 self._stop_ranks(None)
-                if cmd.get("master_port"):
-                    self.args = dataclasses.replace(self.args, master_port=int(cmd["master_port"]))
-                self._start_ranks(int(cmd["generation"]))
-            elif op == "end":  # ranks to be replaced: a hung one holds its peers in a collective
-                for rank in map(int, cmd.get("ranks", ())):
+                if port:
+                    self.args = dataclasses.replace(self.args, master_port=port)
+                self._start_ranks(generation)
+            case EndRanks(
+                ranks=ranks
+            ):  # to be replaced: a hung one holds its peers in a collective
+                for rank in ranks:
                     proc = self.ranks.get(rank)
                     if proc is not None and proc.alive:
                         self._expected_exit.add(proc.pid)
                         proc.kill()
-            elif op == "pause":
+            case PauseRanks():
                 for rank, proc in self.ranks.items():
                     if proc.alive and rank in self._mailboxes:
                         self._mailboxes[rank].post({"op": "pause"})
-            elif op == "rejoin":
-                self._rejoin(cmd, tuple(int(r) for r in cmd.get("replace", ())))
-            elif op == "dump":  # last words from one stopped rank of this pod
-                rank = int(cmd["rank"])
+            case RejoinRanks():
+                self._rejoin(order)
+            case WriteLastWords(rank=rank):  # last words from one stopped rank of this pod
                 proc = self.ranks.get(rank)
                 if proc is not None and proc.alive and rank in self._mailboxes:
                     self._mailboxes[rank].post({"op": "dump"})
                 else:
                     log.error("dump: rank %d of this pod is not running", rank)
-            elif op == "stop":
-                grace = cmd.get("grace_s")
-                self._stop_ranks(None if grace is None else float(grace))
-                self._call("AgentReport", {"event": "pod-stopped"})
-                return 0 if cmd.get("success") else 143
-            else:
-                log.error("unknown command from the manager: %r", cmd)
+            case StopPod(grace_s=grace_s, success=success):
+                self._stop_ranks(grace_s)
+                self._send(PodStopped())
+                return 0 if success else 143
+            case _:
+                assert_never(order)
+        return None
 
     def _report_step_failure(self, rank: int, proc: RankProcess, snap: HeartbeatRecord) -> None:
         """A rank that survived a failed step: its state is suspect (the update raised) or
@@ -470,18 +499,16 @@ class ManagedAgent:
         self._failures_reported.add(key)
         local = rank - self.args.global_rank(0)
         devices = [int(d) for d in os.environ.get("UNBROKEN_DEVICES", "").split(",") if d]
-        self._call(
-            "AgentReport",
-            {
-                "event": "rank-failed",
-                "rank": rank,
-                "pid": proc.pid,
-                "failure": StepFailure(snap.failure).name.lower().replace("_", "-"),
-                "failed_step": snap.failed_step,
-                "failed_at": snap.failed_at,
-                "device": devices[local] if local < len(devices) else None,
-                "traceback": proc.traceback()[-4000:],
-            },
+        self._send(
+            RankFailed(
+                rank=rank,
+                pid=proc.pid,
+                failure=StepFailure(snap.failure),
+                failed_step=snap.failed_step,
+                failed_at=snap.failed_at,
+                device=devices[local] if local < len(devices) else None,
+                traceback=proc.traceback()[-4000:],
+            )
         )
 
     def _end_failed(self, proc: RankProcess, now: float) -> None:
@@ -506,24 +533,23 @@ class ManagedAgent:
                 self._report_step_failure(rank, proc, snap)
             if snap is None or snap.pid != proc.pid or snap.phase is Phase.DONE:
                 continue  # finished ranks wait for their peers at exit without ticking
-            timeout_s = max(self.s.hang_floor_s, self.s.hang_factor * snap.step_time_s)
-            stale_s = now - snap.tick_at
-            # Both the liveness tick and the step progress must have stopped: a healthy rank
-            # can starve its tick thread for a moment on two shared cores, but it keeps
-            # stepping; a stopped or wedged rank does neither.
-            if stale_s > timeout_s and now - max(snap.step_at, snap.committed_at) > timeout_s:
+            clock = self._clocks.get(rank)
+            clock = StepClock.of(snap) if clock is None else clock.observe(snap)
+            self._clocks[rank] = clock
+            silence = hung(snap, hang_timeout_s(clock, self.s.hang), now)
+            if silence is not None:
                 self.hung_reported.add((rank, self.generation))
-                log.warning("rank %d (pid %d) silent for %.2f s: hung", rank, proc.pid, stale_s)
-                self._call(
-                    "AgentReport",
-                    {
-                        "event": "rank-hung",
-                        "rank": rank,
-                        "pid": proc.pid,
-                        "silent_s": stale_s,
-                        "timeout_s": timeout_s,
-                        "last_tick_at": snap.tick_at,
-                    },
+                log.warning(
+                    "rank %d (pid %d) silent for %.2f s: hung", rank, proc.pid, silence.silent_s
+                )
+                self._send(
+                    RankHung(
+                        rank=rank,
+                        pid=proc.pid,
+                        silent_s=silence.silent_s,
+                        timeout_s=silence.timeout_s,
+                        last_tick_at=snap.tick_at,
+                    )
                 )
 
     def _without_session(self) -> list[int]:
@@ -536,13 +562,10 @@ class ManagedAgent:
                 out.append(rank)
         return out
 
-    def _progress(self) -> list[dict[str, Any]]:
+    def _progress(self) -> tuple[RankProgress, ...]:
         out = []
         for rank, proc in self.ranks.items():
             snap = self._readers[rank].read()
-            row: dict[str, Any] = {"rank": rank, "pid": proc.pid, "alive": proc.alive}
-            if snap is not None and snap.pid == proc.pid:
-                row.update(dataclasses.asdict(snap))
-                row["phase"] = str(snap.phase)
-            out.append(row)
-        return out
+            record = snap if snap is not None and snap.pid == proc.pid else None
+            out.append(RankProgress(rank=rank, pid=proc.pid, alive=proc.alive, record=record))
+        return tuple(out)

@@ -37,7 +37,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<job>-<time>")
     p.add_argument("--codes", type=Path, default=None, help="override of the fault code table")
     p.add_argument("--agent-timeout", type=float, default=2.0, help="s before a node is lost")
-    p.add_argument("--hang-timeout", type=float, default=3.0, help="least s of silence = hang")
+    p.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=3.0,
+        help="s of silence that is a hang before a rank's step time is known "
+        "(after: 3 step times, at least 0.5 s)",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -188,7 +194,7 @@ def _run_in(
     )
     opts = ManagerOptions(
         agent_timeout_s=args.agent_timeout,
-        hang_floor_s=args.hang_timeout,
+        hang_startup_s=args.hang_timeout,
         metrics_port=args.metrics_port,
     )
     console = Console(quiet=args.quiet)

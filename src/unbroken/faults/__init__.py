@@ -11,7 +11,8 @@ from unbroken.faults.codes import (
     Escalation,
 )
 from unbroken.faults.escalation import escalate, repeats
-from unbroken.faults.fault import Fault, FaultKind, FaultLevel, worst
+from unbroken.faults.fault import Fault, FaultLevel, worst
+from unbroken.protocol.kinds import FaultKind
 
 __all__ = [
     "DEFAULT_LEVELS",

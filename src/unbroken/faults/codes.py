@@ -29,7 +29,8 @@ from typing import NoReturn
 
 import yaml
 
-from unbroken.faults.fault import FaultKind, FaultLevel, worst
+from unbroken.faults.fault import FaultLevel, worst
+from unbroken.protocol.kinds import FaultKind
 from unbroken.spec import document
 from unbroken.spec.problems import Problems, SpecError
 

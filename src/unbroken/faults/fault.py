@@ -1,5 +1,8 @@
 """What a fault is: its kind, its level and the ranks, pod, node and device it touches.
 
+The kinds (:class:`~unbroken.protocol.kinds.FaultKind`) are the vocabulary the training side
+shares with the control plane, so they live in :mod:`unbroken.protocol`.
+
 Detectors (agents, device health providers, workers) emit :class:`Fault` values; nothing here
 raises. The level is the seed's vocabulary (``NotHandle`` ... ``ManuallySeparate``), ordered by
 :attr:`FaultLevel.severity`:
@@ -27,39 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-
-class FaultKind(StrEnum):
-    """Where a fault comes from."""
-
-    PROCESS_EXIT = "process-exit"  # a rank exited: crash, SIGKILL, non-zero exit status
-    EXCEPTION = "exception"  # a Python exception in a rank (traceback in ``Fault.detail``)
-    HANG = "hang"  # a rank stopped making progress (heartbeat timeout)
-    NODE_LOST = "node-lost"  # a node's agent missed its heartbeats
-    DEVICE = "device"  # a device health fault with a code, from a health provider
-    DEVICE_MEMORY = "device-memory"  # uncorrectable device memory error (the seed's HBM UCE)
-    LINK = "link"  # a collective or link error (the seed's HCCL error)
-    STRESS_TEST = "stress-test"  # a stress test found a bad device
-    SUB_HEALTH = "sub-health"  # a device or node degraded but still working
-
-    @property
-    def software(self) -> bool:
-        """A fault of the training software itself: the hardware is presumed fine."""
-        return self in _SOFTWARE_KINDS
-
-    @property
-    def retryable(self) -> bool:
-        """The process survives it and the step can be redone (DESIGN section 3)."""
-        return self in _RETRYABLE_KINDS
-
-    @property
-    def seen_by_training(self) -> bool:
-        """Observed by the training processes themselves: their step failed."""
-        return self in _TRAINING_KINDS
-
-
-_SOFTWARE_KINDS = frozenset({FaultKind.PROCESS_EXIT, FaultKind.EXCEPTION, FaultKind.HANG})
-_RETRYABLE_KINDS = frozenset({FaultKind.DEVICE_MEMORY, FaultKind.LINK})
-_TRAINING_KINDS = _SOFTWARE_KINDS | _RETRYABLE_KINDS
+from unbroken.protocol.kinds import FaultKind
 
 
 class FaultLevel(StrEnum):

@@ -34,6 +34,7 @@ from unbroken.ledger import (
     PodPlaced,
     PodsStopped,
 )
+from unbroken.manager.detector import device_fault
 from unbroken.manager.pods import Spare, agent_argv, assume, let_go, start_pod, start_spare
 from unbroken.policy import (
     BackOff,
@@ -56,6 +57,15 @@ from unbroken.policy import (
     decide,
 )
 from unbroken.policy import Event as PolicyEvent
+from unbroken.protocol.messages import (
+    EndRanks,
+    JoinFrom,
+    PauseRanks,
+    RejoinRanks,
+    RestartRanks,
+    StopPod,
+    WriteLastWords,
+)
 from unbroken.scheduler import Pod, Unschedulable, place
 
 if TYPE_CHECKING:
@@ -284,10 +294,10 @@ class Executor:
         lost = {r for ranks in replace.values() for r in ranks} | set(suspect)
         for pod, ranks in replace.items():
             if pod in self.m.pods:
-                self.m.commands.send(pod, self.m.pods[pod].pid, {"op": "end", "ranks": list(ranks)})
+                self.m.commands.send(pod, self.m.pods[pod].pid, EndRanks(tuple(ranks)))
         for p in self.m.pods.values():
             if p.pod not in skip_pods:
-                self.m.commands.send(p.pod, p.pid, {"op": "pause"})
+                self.m.commands.send(p.pod, p.pid, PauseRanks())
         self.pending_rejoin = PendingRejoin(
             replace=dict(replace), lost=lost, skip_pods=skip_pods, deadline_at=now + STOP_TIMEOUT_S
         )
@@ -320,14 +330,13 @@ class Executor:
             self.m.commands.send(
                 p.pod,
                 p.pid,
-                {
-                    "op": "rejoin",
-                    "generation": gen,
-                    "master_port": self.m.master_port,
-                    "source": source[0],
-                    "step": source[1],
-                    "replace": list(pr.replace.get(p.pod, ())),
-                },
+                RejoinRanks(
+                    generation=gen,
+                    master_port=self.m.master_port,
+                    source=source[0],
+                    step=source[1],
+                    replace=tuple(pr.replace.get(p.pod, ())),
+                ),
             )
         what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
         self.m.console.line(
@@ -369,8 +378,8 @@ class Executor:
                 continue
             mine = [r for r in self.m.job.ranks_of(p.pod) if r in lost]
             if mine:
-                self.m.commands.send(p.pod, p.pid, {"op": "end", "ranks": mine})
-            self.m.commands.send(p.pod, p.pid, {"op": "pause"})
+                self.m.commands.send(p.pod, p.pid, EndRanks(tuple(mine)))
+            self.m.commands.send(p.pod, p.pid, PauseRanks())
         self.m.console.line("last words: healthy ranks stop at a step boundary")
         self.pending_dump = PendingDump(
             lost=lost,
@@ -400,7 +409,7 @@ class Executor:
                 return
             pod = self.m.pods[self.m.job.pod_of_rank(writer[0]) or ""]
             pd.writer, pd.asked_at = writer, now
-            self.m.commands.send(pod.pod, pod.pid, {"op": "dump", "rank": writer[0]})
+            self.m.commands.send(pod.pod, pod.pid, WriteLastWords(writer[0]))
             self.m.console.line(f"last words: rank {writer[0]} saves step {writer[1]}")
             return
         rank, step = pd.writer
@@ -461,7 +470,7 @@ class Executor:
                 )
                 self.m.console.line(f"replacement pod {b.pod} placed on {b.node}")
                 self._start_agent(b.pod, b.node, b.devices, gen)
-                self.m.pods[b.pod].join = {"source": source[0], "step": source[1]}
+                self.m.pods[b.pod].join = JoinFrom(source=source[0], step=source[1])
             if self.m.incident is not None:
                 self.m.incident.awaiting_replacement = pod
 
@@ -505,22 +514,19 @@ class Executor:
                 ranks = (self.m.job.ranks_of(pod)[local],)
             else:
                 pod = None  # the device holds no rank of this job
-            code = event.code or "unknown"
-            kind = self.m.codes.kind_for(code)
-            if pod is None:
-                self._idle_device_fault(event.node, event.device, code, kind)
+            if pod is None or not ranks:
+                code = event.code or "unknown"
+                self._idle_device_fault(event.node, event.device, code, self.m.codes.kind_for(code))
                 return
-            fault = Fault(
-                kind=kind,
-                level=self.m.codes.level_for(kind, code),
-                code=code,
-                at=event.occurred_at,
-                node=event.node,
-                pod=pod,
-                ranks=ranks,
-                device=event.device,
-                detail=f"device {event.device} of {event.node} reported {code}"
-                + (f": {event.detail}" if event.detail else ""),
+            fault = device_fault(
+                event.node,
+                event.device,
+                event.code,
+                event.detail,
+                event.occurred_at,
+                pod,
+                ranks[0],
+                self.m.codes,
             )
             self.m.fault_detected(fault, now)
         elif isinstance(event, DeviceRecovered) and (
@@ -592,7 +598,7 @@ class Executor:
             self.m.commands.send(
                 p.pod,
                 p.pid,
-                {"op": "restart", "generation": gen, "master_port": self.m.master_port},
+                RestartRanks(generation=gen, master_port=self.m.master_port),
             )
         self.m.console.line(f"generation {gen}: ranks restart in place")
 
@@ -600,9 +606,7 @@ class Executor:
         procs = [self.m.pods[p] for p in pods if p in self.m.pods]
         for p in procs:
             if p.alive and not p.lost:
-                self.m.commands.send(
-                    p.pod, p.pid, {"op": "stop", "grace_s": grace_s, "success": False}
-                )
+                self.m.commands.send(p.pod, p.pid, StopPod(grace_s=grace_s, success=False))
         deadline = time.monotonic() + (grace_s or 0.0) + 3.0
         for p in procs:
             left = max(0.0, deadline - time.monotonic())
@@ -696,9 +700,7 @@ class Executor:
             let_go(self.spares.pop(node))
         for p in list(self.m.pods.values()):
             if p.alive:
-                self.m.commands.send(
-                    p.pod, p.pid, {"op": "stop", "grace_s": grace_s, "success": success}
-                )
+                self.m.commands.send(p.pod, p.pid, StopPod(grace_s=grace_s, success=success))
         deadline = time.monotonic() + (grace_s or 0.0) + 3.0
         for p in list(self.m.pods.values()):
             if p.reap(max(0.0, deadline - time.monotonic())) is None:
@@ -726,7 +728,7 @@ class Executor:
             self.m.commands.send(
                 name,
                 proc.pid,
-                {"op": "restart", "generation": gen, "master_port": self.m.master_port},
+                RestartRanks(generation=gen, master_port=self.m.master_port),
             )
 
     def place_and_start(self, pods: tuple[str, ...], prefer: Mapping[str, str]) -> None:
@@ -807,6 +809,7 @@ class Executor:
                 "UNBROKEN_JOB_ID": m.job.job_id,
                 "UNBROKEN_HANG_FLOOR_S": str(m.opt.hang_floor_s),
                 "UNBROKEN_HANG_FACTOR": str(m.opt.hang_factor),
+                "UNBROKEN_HANG_STARTUP_S": str(m.opt.hang_startup_s),
                 "UNBROKEN_CHAOS": json.dumps(
                     [
                         c.to_json()

@@ -59,6 +59,7 @@ from unbroken.ledger import (
     StepProgress,
 )
 from unbroken.manager.console import Console
+from unbroken.manager.detector import Detector, Where, diverged
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
 from unbroken.manager.metrics import LedgerCollector, registry_for
 from unbroken.manager.pods import PodProcess
@@ -75,18 +76,36 @@ from unbroken.policy import Feasibility, Running
 from unbroken.policy import RecoveryCompleted as PolicyRecovered
 from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
+from unbroken.protocol.heartbeat import unpack_op_retry
+from unbroken.protocol.messages import (
+    HEARTBEAT,
+    HELLO,
+    REPORT,
+    AgentHeartbeat,
+    AgentHello,
+    Event,
+    HelloAnswer,
+    PodFinished,
+    PodStopped,
+    RankExited,
+    RankFailed,
+    RankHung,
+    RanksRejoined,
+    RanksStarted,
+    Sender,
+    decode_report,
+    encode_answer,
+)
 from unbroken.report import render
 from unbroken.rpc.store import host_store
 from unbroken.scheduler import Cluster
-from unbroken.worker.chaos import MEMORY_ERROR_CODE
-from unbroken.worker.heartbeat import unpack_op_retry
 from unbroken.worker.linkfault import LinkFaultError, reset_links
 
 log = logging.getLogger(__name__)
 
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
-_PEER_METHODS = frozenset({"AgentHello", "AgentHeartbeat", "AgentReport", "Inject"})
+_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject"})
 
 
 class ManagerError(RuntimeError):
@@ -104,36 +123,12 @@ class RunOutcome:
 
 
 @dataclass
-class PendingFault:
-    fault: Fault
-    received_at: float
-    echo: bool
-
-
-@dataclass
 class Incident:
     fault_id: str
     fault: Fault
     step_at_fault: int
     strategy: str = ""
     awaiting_replacement: str | None = None
-
-
-#: The code of a link fault found by the training processes themselves: a collective that
-#: failed (after op retry, when it is on) while every peer stayed alive.
-LINK_FAILURE_CODE = "collective-failed"
-#: The exception ranks raise when the replicas' agreement check fails (unbroken.worker.agreement).
-DIVERGED = "ReplicasDiverged"
-
-
-def _exception_name(traceback_text: str) -> str:
-    """The exception class of a traceback's last line (``[rank2]: pkg.Error: text`` ->
-    ``Error``)."""
-    last = traceback_text.strip().splitlines()[-1]
-    if last.startswith("[rank") and "]: " in last:
-        last = last.split("]: ", 1)[1]
-    name = last.split(":", 1)[0].strip()
-    return name.rsplit(".", 1)[-1] if name.replace(".", "").replace("_", "").isalnum() else "error"
 
 
 class JobManager:
@@ -168,7 +163,7 @@ class JobManager:
         #: The generation whose replicas were found diverged (unbroken.worker.agreement).
         self.diverged_generation: int | None = None
         self.policy_state: Any = Running()
-        self.pending: list[PendingFault] = []
+        self.detector = Detector(self.codes, self.opt.settle_s, self.opt.agent_timeout_s)
         self.history: list[Fault] = []
         self.incident: Incident | None = None
         self.n_faults = 0
@@ -357,12 +352,6 @@ class JobManager:
     def _handle(self, msg: Inbound) -> None:
         body = msg.body
         match msg.method:
-            case "AgentHello":
-                self._hello(msg)
-            case "AgentHeartbeat":
-                self._heartbeat(body)
-            case "AgentReport":
-                self._report(body)
             case "Device":
                 self.executor.device_event(body["event"])
             case "Inject":
@@ -372,13 +361,23 @@ class JobManager:
                     msg.reply.put({"ok": True, "detail": detail})
                 except ValueError as exc:
                     msg.reply.put({"ok": False, "error": str(exc)})
+            case method if method in (HELLO, HEARTBEAT, REPORT):
+                sender, report = decode_report(method, body)
+                match report:
+                    case AgentHello():
+                        assert msg.reply is not None
+                        msg.reply.put(encode_answer(self._hello(sender)))
+                    case AgentHeartbeat():
+                        self._heartbeat(sender, report)
+                    case _:
+                        self._report(sender, report)
             case _:
                 log.error("unknown message %s", msg.method)
 
-    def _pod_by_pid(self, body: dict[str, Any]) -> PodProcess | None:
-        """The pod of the agent that sent ``body``; None for an agent of a replaced pod."""
-        pod = self.pods.get(str(body.get("pod")))
-        if pod is None or int(body.get("agent_pid", -1)) != pod.pid:
+    def _pod_of(self, sender: Sender) -> PodProcess | None:
+        """The pod of the agent that sent a report; None for an agent of a replaced pod."""
+        pod = self.pods.get(sender.pod)
+        if pod is None or sender.agent_pid != pod.pid:
             return None
         return pod
 
@@ -398,30 +397,24 @@ class JobManager:
             "called unbroken.worker.init); nothing was trained",
         )
 
-    def _hello(self, msg: Inbound) -> None:
-        assert msg.reply is not None
-        pod = self._pod_by_pid(msg.body)
+    def _hello(self, sender: Sender) -> HelloAnswer:
+        pod = self._pod_of(sender)
         if pod is None or pod.stopped:
-            log.warning(
-                "refused the hello of %s (agent pid %s)",
-                msg.body.get("pod"),
-                msg.body.get("agent_pid"),
-            )
-            msg.reply.put({"ok": False, "error": "unknown or replaced pod"})
-            return
+            log.warning("refused the hello of %s (agent pid %s)", sender.pod, sender.agent_pid)
+            return HelloAnswer(ok=False, error="unknown or replaced pod")
         pod.hello_at = pod.last_heartbeat_at = time.time()
-        msg.reply.put({"ok": True, "generation": pod.generation, "join": pod.join})
+        return HelloAnswer(ok=True, generation=pod.generation, join=pod.join)
 
-    def _heartbeat(self, body: dict[str, Any]) -> None:
-        pod = self._pod_by_pid(body)
-        if pod is None or int(body.get("generation", -1)) < 0:
+    def _heartbeat(self, sender: Sender, beat: AgentHeartbeat) -> None:
+        pod = self._pod_of(sender)
+        if pod is None or sender.generation < 0:
             return
         pod.last_heartbeat_at = time.time()
-        if int(body["generation"]) != self.generation:
+        if sender.generation != self.generation:
             return
-        for row in body.get("ranks", []):
-            view = self.ranks.get(int(row["rank"]))
-            if view is not None and view.pid == int(row["pid"]):
+        for row in beat.ranks:
+            view = self.ranks.get(row.rank)
+            if view is not None and view.pid == row.pid:
                 seen = view.op_retries
                 view.update(row)
                 if view.op_retries > seen and view.op_retry_at > self.generation_began.get(
@@ -439,163 +432,82 @@ class JobManager:
                         f"({retry}); no recovery needed"
                     )
 
-    def _report(self, body: dict[str, Any]) -> None:
-        pod = self._pod_by_pid(body)
+    def _report(self, sender: Sender, event: Event) -> None:
+        pod = self._pod_of(sender)
         if pod is None:
             return
-        pod.last_heartbeat_at = time.time()
-        gen = int(body.get("generation", -1))
-        event = body["event"]
-        if event == "pod-finished":
-            if gen == self.generation:
-                pod.finished = True
-                pod.without_session = tuple(map(int, body.get("without_session", ())))
-                if all(p.finished for p in self.pods.values()):
-                    self._all_finished()
-            return
-        if event == "pod-stopped":
-            pod.stopped = True
-            return
+        now = time.time()
+        pod.last_heartbeat_at = now
+        gen = sender.generation
+        match event:
+            case PodFinished(without_session=idle):
+                if gen == self.generation:
+                    pod.finished = True
+                    pod.without_session = idle
+                    if all(p.finished for p in self.pods.values()):
+                        self._all_finished()
+                return
+            case PodStopped():
+                pod.stopped = True
+                return
         if gen != self.generation:
             log.info(
                 "ignoring %s from %s of generation %d (now %d)",
-                event,
+                type(event).__name__,
                 pod.pod,
                 gen,
                 self.generation,
             )
             return
-        if event in ("ranks-started", "ranks-rejoined"):
-            pids = {int(r): int(p) for r, p in body["pids"].items()}
-            pod.rank_pids = pids
-            for rank, pid in pids.items():
-                self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
-            # A rejoin keeps the healthy processes: only replacements are started processes.
-            started = sorted(pids) if event == "ranks-started" else sorted(map(int, body["joined"]))
-            if started:
-                self.ledger.record(
-                    ProcessesStarted(
-                        pod=pod.pod,
-                        node=pod.node,
-                        ranks=tuple(started),
-                        pids=tuple(pids[r] for r in started),
-                        generation=gen,
-                    ),
-                    at=float(body.get("started_at", time.time())),
+        where = Where(pod=pod.pod, node=pod.node)
+        match event:
+            case RanksStarted() | RanksRejoined():
+                self._ranks_started(pod, gen, event)
+            case RankExited():
+                view = self.ranks.get(event.rank)
+                if view is not None:
+                    view.alive = False
+                    if event.committed is not None:
+                        view.committed = max(view.committed, event.committed)
+                self.detector, fault = self.detector.rank_exited(event, where, now)
+                if diverged(fault):
+                    # The agreement check found the replicas apart: no rank's state is a
+                    # replica to repair from; every rank resumes from the newest checkpoint.
+                    self.diverged_generation = self.generation
+            case RankFailed():
+                self.detector = self.detector.rank_failed(
+                    event,
+                    where,
+                    now,
+                    recovering=self.incident is not None,
+                    generation_began_at=self.generation_began.get(self.generation, 0.0),
                 )
-            if self.incident is not None and self.incident.awaiting_replacement == pod.pod:
-                self.incident.awaiting_replacement = None
-                self.executor.policy(
-                    PolicyReplacementReady(pod=pod.pod, at=time.time()), time.time()
-                )
-        elif event == "rank-exited":
-            self._rank_exited(pod, body)
-        elif event == "rank-failed":
-            self._rank_failed(pod, body)
-        elif event == "rank-hung":
-            fault = Fault(
-                kind=FaultKind.HANG,
-                level=self.codes.level_for(FaultKind.HANG, "heartbeat-timeout"),
-                code="heartbeat-timeout",
-                at=float(body["last_tick_at"]),
-                node=pod.node,
-                pod=pod.pod,
-                ranks=(int(body["rank"]),),
-                detail=f"rank {body['rank']} (pid {body['pid']}) silent for "
-                f"{float(body['silent_s']):.2f} s (timeout {float(body['timeout_s']):.2f} s)",
+            case RankHung():
+                self.detector = self.detector.rank_hung(event, where, now)
+
+    def _ranks_started(
+        self, pod: PodProcess, gen: int, event: RanksStarted | RanksRejoined
+    ) -> None:
+        pids = dict(event.pids)
+        pod.rank_pids = pids
+        for rank, pid in pids.items():
+            self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
+        # A rejoin keeps the healthy processes: only replacements are started processes.
+        started = sorted(pids) if isinstance(event, RanksStarted) else sorted(event.joined)
+        if started:
+            self.ledger.record(
+                ProcessesStarted(
+                    pod=pod.pod,
+                    node=pod.node,
+                    ranks=tuple(started),
+                    pids=tuple(pids[r] for r in started),
+                    generation=gen,
+                ),
+                at=event.started_at,
             )
-            self.pending.append(PendingFault(fault, time.time(), echo=False))
-
-    def _rank_failed(self, pod: PodProcess, body: dict[str, Any]) -> None:
-        """A live rank failed a step of its own: a device memory error (its state is corrupt:
-        retryable, repaired from a replica) or an exception in its optimizer update."""
-        rank = int(body["rank"])
-        if body["failure"] == "collective":
-            self._collective_failed(pod, body)
-            return
-        memory = body["failure"] == "device-memory"
-        kind = FaultKind.DEVICE_MEMORY if memory else FaultKind.EXCEPTION
-        code = MEMORY_ERROR_CODE if memory else "update-failed"
-        device = body.get("device")
-        fault = Fault(
-            kind=kind,
-            level=self.codes.level_for(kind, code),
-            code=code,
-            at=float(body["failed_at"]),
-            node=pod.node,
-            pod=pod.pod,
-            ranks=(rank,),
-            device=None if device is None else int(device),
-            detail=f"rank {rank} (pid {body['pid']}) failed step {body['failed_step']}: "
-            + ("device memory error" if memory else "its optimizer update raised"),
-        )
-        self.pending.append(PendingFault(fault, time.time(), echo=False))
-
-    def _collective_failed(self, pod: PodProcess, body: dict[str, Any]) -> None:
-        """A live rank's collective failed (op retry, if on, gave up). Held back as an echo:
-        a peer's death or hang is the fault when its report comes. With none, every peer
-        alive, it is a link fault, retryable online. During an incident ranks leave their
-        groups on purpose, so their failed collectives are part of the recovery, not faults."""
-        rank = int(body["rank"])
-        if self.incident is not None or float(body["failed_at"]) < self.generation_began.get(
-            self.generation, 0.0
-        ):
-            log.info("rank %d: a collective failed during a recovery; not a fault", rank)
-            return
-        fault = Fault(
-            kind=FaultKind.LINK,
-            level=self.codes.level_for(FaultKind.LINK, LINK_FAILURE_CODE),
-            code=LINK_FAILURE_CODE,
-            at=float(body["failed_at"]),
-            node=pod.node,
-            pod=pod.pod,
-            ranks=(rank,),
-            detail=f"rank {rank} (pid {body['pid']}) failed step {body['failed_step']}: a "
-            "collective failed and no peer was lost",
-        )
-        self.pending.append(PendingFault(fault, time.time(), echo=True))
-
-    def _rank_exited(self, pod: PodProcess, body: dict[str, Any]) -> None:
-        rank = int(body["rank"])
-        view = self.ranks.get(rank)
-        if view is not None:
-            view.alive = False
-            if body.get("committed") is not None:
-                view.committed = max(view.committed, int(body["committed"]))
-        tb = str(body.get("traceback") or "")
-        sig = body.get("signal")
-        if sig:
-            kind, code = FaultKind.PROCESS_EXIT, f"signal:{sig}"
-        elif "Traceback (most recent call last)" in tb:
-            kind, code = FaultKind.EXCEPTION, _exception_name(tb)
-            if code == DIVERGED:
-                # The agreement check found the replicas apart: no rank's state is a replica
-                # to repair from; every rank resumes from the newest checkpoint.
-                self.diverged_generation = self.generation
-        else:
-            kind, code = FaultKind.PROCESS_EXIT, f"exit:{body['returncode']}"
-        last = tb.strip().splitlines()[-1] if tb.strip() and not sig else ""
-        fault = Fault(
-            kind=kind,
-            level=self.codes.level_for(kind, code),
-            code=code,
-            at=float(body["exited_at"]),
-            node=pod.node,
-            pod=pod.pod,
-            ranks=(rank,),
-            detail=(
-                f"rank {rank} (pid {body['pid']}) "
-                + (
-                    f"killed by {sig}"
-                    if sig
-                    else "raised an exception"
-                    if body.get("ended_after_failure")
-                    else f"exited {body['returncode']}"
-                )
-            )
-            + (f": {last}" if last else ""),
-        )
-        self.pending.append(PendingFault(fault, time.time(), echo=bool(body.get("peer_failure"))))
+        if self.incident is not None and self.incident.awaiting_replacement == pod.pod:
+            self.incident.awaiting_replacement = None
+            self.executor.policy(PolicyReplacementReady(pod=pod.pod, at=time.time()), time.time())
 
     # ---- the clock --------------------------------------------------------------------
     def _tick(self, now: float) -> None:
@@ -629,35 +541,22 @@ class JobManager:
     def _node_lost(self, pod: PodProcess, now: float, why: str) -> None:
         # Whatever is left of the pod's processes is unsupervised now: end it.
         pod.kill_all()
-        fault = Fault(
-            kind=FaultKind.NODE_LOST,
-            level=self.codes.level_for(FaultKind.NODE_LOST, "heartbeat-timeout"),
-            code="heartbeat-timeout",
-            at=pod.last_heartbeat_at,
-            node=pod.node,
-            pod=pod.pod,
-            ranks=self.job.ranks_of(pod.pod),
-            detail=f"node {pod.node} lost: {why}",
+        self.detector = self.detector.node_lost(
+            Where(pod=pod.pod, node=pod.node),
+            self.job.ranks_of(pod.pod),
+            pod.last_heartbeat_at,
+            why,
+            now,
         )
-        self.pending.append(PendingFault(fault, now, echo=False))
 
     def _settle(self, now: float) -> None:
-        if not self.pending:
-            return
-        primaries = [p for p in self.pending if not p.echo]
-        if not primaries:
-            first = min(p.received_at for p in self.pending)
-            silent = any(
-                not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
-                for p in self.pods.values()
-            )
-            wait_s = self.opt.agent_timeout_s + 0.5 if silent else self.opt.settle_s
-            if now - first < wait_s:
-                return
-            primaries = self.pending[:1]  # only echoes: a collective failure, cause unseen
-        self.pending = []
-        for p in primaries:
-            self.fault_detected(p.fault, now)
+        silent = any(
+            not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
+            for p in self.pods.values()
+        )
+        self.detector, faults = self.detector.settle(now, agent_silent=silent)
+        for fault in faults:
+            self.fault_detected(fault, now)
 
     def fault_detected(self, fault: Fault, now: float) -> None:
         if fault.kind in (FaultKind.DEVICE, FaultKind.DEVICE_MEMORY, FaultKind.STRESS_TEST):

@@ -70,7 +70,11 @@ class ManagerOptions:
     agent_timeout_s: float = 2.0  # an agent silent this long: its node is lost
     agent_start_timeout_s: float = 20.0  # an agent that never said hello
     settle_s: float = 0.5  # wait this long for the first fault after an echo of it
-    hang_floor_s: float = 3.0
-    hang_factor: float = 10.0
+    # A rank silent (tick and progress) for hang_factor of its step times, measured online by
+    # its agent, is hung; never less than hang_floor_s (jitter), and hang_startup_s before its
+    # step time is known (unbroken.agent.hang).
+    hang_factor: float = 3.0
+    hang_floor_s: float = 0.5
+    hang_startup_s: float = 3.0
     progress_every: int = 20  # a StepProgress event every N committed steps
     metrics_port: int = 0  # of the metrics and dashboard endpoint (0: a free port)

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unbroken.protocol.messages import JoinFrom
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +43,7 @@ class PodProcess:
     finished: bool = False
     stopped: bool = False
     lost: bool = False
-    join: dict[str, int] | None = None  # ranks start as replacements: {"source", "step"}
+    join: JoinFrom | None = None  # ranks start as replacements, state from a replica
     without_session: tuple[int, ...] = ()  # ranks that exited 0 without an Unbroken session
 
     @property

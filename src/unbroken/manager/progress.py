@@ -7,9 +7,10 @@ loaded and its first step committed on every rank: the phases of a recovery.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from unbroken.protocol.messages import RankProgress
 
 
 @dataclass
@@ -31,34 +32,35 @@ class RankView:
     recoverable: bool = False  # the worker can rejoin a new group and be repaired in process
     op_retries: int = 0  # gradient all-reduces this process re-executed (op retry)
     op_retry_at: float = 0.0
-    op_retry_last: int = 0  # step, attempt and level (unbroken.worker.heartbeat.pack_op_retry)
+    op_retry_last: int = 0  # step, attempt and level (unbroken.protocol.heartbeat.pack_op_retry)
     dumped_step: int = -1  # the step of the last words this rank wrote (-1: none)
     dumped_at: float = 0.0
     dump_failed_at: float = 0.0
 
-    def update(self, row: Mapping[str, Any]) -> None:
-        for key in (
-            "phase",
-            "step",
-            "committed",
-            "committed_at",
-            "start_step",
-            "step_time_s",
-            "tick_at",
-            "comm_ready_at",
-            "state_loaded_at",
-            "first_commit_at",
-            "alive",
-            "recoverable",
-            "dumped_step",
-            "dumped_at",
-            "dump_failed_at",
-            "op_retries",
-            "op_retry_at",
-            "op_retry_last",
-        ):
-            if key in row:
-                setattr(self, key, type(getattr(self, key))(row[key]))
+    def update(self, progress: RankProgress) -> None:
+        """Take what the rank's agent saw: its process alive or not and, once the rank wrote
+        one, its heartbeat record."""
+        self.alive = progress.alive
+        rec = progress.record
+        if rec is None:
+            return
+        self.phase = str(rec.phase)
+        self.step = rec.step
+        self.committed = rec.committed
+        self.committed_at = rec.committed_at
+        self.start_step = rec.start_step
+        self.step_time_s = rec.step_time_s
+        self.tick_at = rec.tick_at
+        self.comm_ready_at = rec.comm_ready_at
+        self.state_loaded_at = rec.state_loaded_at
+        self.first_commit_at = rec.first_commit_at
+        self.recoverable = bool(rec.recoverable)
+        self.dumped_step = rec.dumped_step
+        self.dumped_at = rec.dumped_at
+        self.dump_failed_at = rec.dump_failed_at
+        self.op_retries = rec.op_retries
+        self.op_retry_at = rec.op_retry_at
+        self.op_retry_last = rec.op_retry_last
 
 
 @dataclass(frozen=True)

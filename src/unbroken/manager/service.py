@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from unbroken.protocol.messages import COMMANDS, HEARTBEAT, HELLO, REPORT, Order, encode_order
 from unbroken.rpc import ControlServer
 
 JsonObj = dict[str, Any]
@@ -39,8 +40,8 @@ class CommandQueues:
         with self._lock:
             return self._queues.setdefault((pod, pid), queue.Queue())
 
-    def send(self, pod: str, pid: int, command: JsonObj) -> None:
-        self.of(pod, pid).put(command)
+    def send(self, pod: str, pid: int, order: Order) -> None:
+        self.of(pod, pid).put(encode_order(order))
 
 
 def build_server(
@@ -75,10 +76,10 @@ def build_server(
     return ControlServer(
         secret,
         unary={
-            "AgentHello": ask("AgentHello"),
-            "AgentHeartbeat": post("AgentHeartbeat"),
-            "AgentReport": post("AgentReport"),
+            HELLO: ask(HELLO),
+            HEARTBEAT: post(HEARTBEAT),
+            REPORT: post(REPORT),
             "Inject": ask("Inject"),
         },
-        streams={"AgentCommands": agent_commands},
+        streams={COMMANDS: agent_commands},
     )

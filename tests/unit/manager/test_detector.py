@@ -1,0 +1,197 @@
+"""The fault detector: which fault each report is, and which reports are echoes of a peer's
+death that must not be blamed. Pure: reports and times in, faults out."""
+
+from __future__ import annotations
+
+import pytest
+
+from unbroken.faults import CodeTable, FaultKind, FaultLevel
+from unbroken.manager.detector import Detector, Where, device_fault, diverged, exit_fault
+from unbroken.protocol.kinds import StepFailure
+from unbroken.protocol.messages import RankExited, RankFailed, RankHung
+
+pytestmark = pytest.mark.unit
+
+CODES = CodeTable.load()
+POD = Where(pod="job-worker-1", node="node-1")
+T0 = 1767225600.0
+TB = "Traceback (most recent call last):\n  File 'train.py'\n"
+
+
+def _exit(rank: int = 2, **kw: object) -> RankExited:
+    fields: dict[str, object] = {"rank": rank, "pid": 100 + rank, "returncode": 1, "exited_at": T0}
+    fields.update(kw)
+    return RankExited(**fields)  # type: ignore[arg-type]
+
+
+def _failed(failure: StepFailure, rank: int = 2, at: float = T0) -> RankFailed:
+    return RankFailed(
+        rank=rank, pid=100 + rank, failure=failure, failed_step=40, failed_at=at, device=1
+    )
+
+
+def _detector() -> Detector:
+    return Detector(CODES, settle_s=0.5, agent_timeout_s=2.0)
+
+
+# ---- what each report is ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("report", "kind", "code", "detail"),
+    [
+        (
+            _exit(signal="SIGKILL", returncode=-9),
+            FaultKind.PROCESS_EXIT,
+            "signal:SIGKILL",
+            "rank 2 (pid 102) killed by SIGKILL",
+        ),
+        (
+            _exit(traceback=TB + "ValueError: bad batch"),
+            FaultKind.EXCEPTION,
+            "ValueError",
+            "rank 2 (pid 102) exited 1: ValueError: bad batch",
+        ),
+        (
+            _exit(
+                traceback=TB + "[rank2]: unbroken.x.ReplicasDiverged: apart",
+                ended_after_failure=True,
+            ),
+            FaultKind.EXCEPTION,
+            "ReplicasDiverged",
+            "rank 2 (pid 102) raised an exception: [rank2]: unbroken.x.ReplicasDiverged: apart",
+        ),
+        (_exit(returncode=3), FaultKind.PROCESS_EXIT, "exit:3", "rank 2 (pid 102) exited 3"),
+    ],
+)
+def test_an_exit_is_a_fault_of_its_rank(
+    report: RankExited, kind: FaultKind, code: str, detail: str
+) -> None:
+    fault = exit_fault(report, POD, CODES)
+    assert (fault.kind, fault.code, fault.detail) == (kind, code, detail)
+    assert (fault.pod, fault.node, fault.ranks, fault.at) == (POD.pod, POD.node, (2,), T0)
+    assert diverged(fault) is (code == "ReplicasDiverged")
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind", "code", "device", "retryable"),
+    [
+        (StepFailure.DEVICE_MEMORY, FaultKind.DEVICE_MEMORY, "80E01801", 1, True),
+        (StepFailure.UPDATE, FaultKind.EXCEPTION, "update-failed", 1, False),
+        (StepFailure.COLLECTIVE, FaultKind.LINK, "collective-failed", None, True),
+    ],
+)
+def test_a_failed_step_is_the_fault_its_heartbeat_names(
+    failure: StepFailure, kind: FaultKind, code: str, device: int | None, retryable: bool
+) -> None:
+    d, faults = (
+        _detector()
+        .rank_failed(_failed(failure), POD, T0, recovering=False, generation_began_at=0.0)
+        .settle(T0 + 1.0, agent_silent=False)
+    )
+    (fault,) = faults
+    assert (fault.kind, fault.code, fault.device, fault.retryable) == (
+        kind,
+        code,
+        device,
+        retryable,
+    )
+    assert fault.detail.startswith("rank 2 (pid 102) failed step 40: ")
+    assert d.held == ()
+
+
+def test_a_hang_is_stamped_with_the_last_tick() -> None:
+    report = RankHung(rank=3, pid=103, silent_s=0.91, timeout_s=0.6, last_tick_at=T0 - 1)
+    _, (fault,) = _detector().rank_hung(report, POD, T0).settle(T0, agent_silent=False)
+    assert (fault.kind, fault.code, fault.at) == (FaultKind.HANG, "heartbeat-timeout", T0 - 1)
+    assert fault.detail == "rank 3 (pid 103) silent for 0.91 s (timeout 0.60 s)"
+    assert fault.level.stops_training
+
+
+def test_a_lost_node_takes_every_rank_of_its_pod() -> None:
+    d = _detector().node_lost(POD, (2, 3), T0 - 2.5, "its agent missed heartbeats", T0)
+    _, (fault,) = d.settle(T0, agent_silent=True)
+    assert (fault.kind, fault.ranks, fault.at) == (FaultKind.NODE_LOST, (2, 3), T0 - 2.5)
+    assert fault.detail == "node node-1 lost: its agent missed heartbeats"
+
+
+def test_a_device_fault_names_the_rank_on_the_device() -> None:
+    fault = device_fault("node-1", 1, "80E01801", "injected", T0, POD.pod, 3, CODES)
+    assert (fault.kind, fault.ranks, fault.device) == (FaultKind.DEVICE_MEMORY, (3,), 1)
+    assert fault.detail == "device 1 of node-1 reported 80E01801: injected"
+    unknown = device_fault("node-1", 0, None, "", T0, POD.pod, 2, CODES)
+    assert (unknown.code, unknown.level) == ("unknown", FaultLevel.RESTART_BUSINESS)
+
+
+# ---- echoes of a peer's death ---------------------------------------------------------------
+def test_the_peers_of_a_dead_rank_are_not_blamed() -> None:
+    """Rank 3 is killed; rank 2's collective fails with it (it exits on gloo's connection
+    closed) and rank 1's too (it stays alive to recover in process). Only rank 3 is a fault,
+    even though the echoes arrived first."""
+    d = _detector()
+    d, _ = d.rank_exited(_exit(rank=2, peer_failure=True), POD, T0)
+    d = d.rank_failed(
+        _failed(StepFailure.COLLECTIVE, rank=1), POD, T0, recovering=False, generation_began_at=0
+    )
+    d, faults = d.settle(T0 + 0.1, agent_silent=False)
+    assert faults == ()
+    d, _ = d.rank_exited(_exit(rank=3, signal="SIGKILL", returncode=-9), POD, T0 + 0.2)
+    d, faults = d.settle(T0 + 0.2, agent_silent=False)
+    assert [f.ranks for f in faults] == [(3,)]
+    assert d.held == ()
+    assert d.settle(T0 + 10.0, agent_silent=False)[1] == ()
+
+
+@pytest.mark.parametrize(
+    ("agent_silent", "wait_s"),
+    [(False, 0.5), (True, 2.5)],
+    ids=["agents-heard", "an-agent-silent"],
+)
+def test_echoes_alone_become_the_first_fault_once_settled(
+    agent_silent: bool, wait_s: float
+) -> None:
+    """No cause came: a failed collective with every peer alive is a link fault. While an
+    agent is silent its node may yet be declared lost, so the echoes wait for that."""
+    d = _detector().rank_failed(
+        _failed(StepFailure.COLLECTIVE, rank=1), POD, T0, recovering=False, generation_began_at=0
+    )
+    d = d.rank_failed(
+        _failed(StepFailure.COLLECTIVE, rank=2),
+        POD,
+        T0 + 0.05,
+        recovering=False,
+        generation_began_at=0,
+    )
+    assert d.settle(T0 + wait_s - 0.01, agent_silent=agent_silent)[1] == ()
+    d, faults = d.settle(T0 + wait_s, agent_silent=agent_silent)
+    assert [(f.kind, f.ranks) for f in faults] == [(FaultKind.LINK, (1,))]
+    assert d.held == ()
+
+
+@pytest.mark.parametrize(
+    ("recovering", "began_at"),
+    [(True, 0.0), (False, T0 + 1.0)],
+    ids=["during-a-recovery", "before-this-generation"],
+)
+def test_a_collective_failed_by_a_recovery_is_no_fault(recovering: bool, began_at: float) -> None:
+    d = _detector().rank_failed(
+        _failed(StepFailure.COLLECTIVE),
+        POD,
+        T0,
+        recovering=recovering,
+        generation_began_at=began_at,
+    )
+    assert d.held == ()
+
+
+def test_a_failure_that_is_no_failure_is_nothing() -> None:
+    d = _detector().rank_failed(
+        _failed(StepFailure.NONE), POD, T0, recovering=False, generation_began_at=0.0
+    )
+    assert d.held == ()
+
+
+def test_primaries_are_handled_together_in_the_order_they_came() -> None:
+    d = _detector()
+    d, _ = d.rank_exited(_exit(rank=3, signal="SIGKILL", returncode=-9), POD, T0)
+    d = d.rank_hung(RankHung(2, 102, 1.0, 0.6, T0 - 1), POD, T0 + 0.01)
+    _, faults = d.settle(T0 + 0.01, agent_silent=False)
+    assert [f.kind for f in faults] == [FaultKind.PROCESS_EXIT, FaultKind.HANG]
