@@ -21,21 +21,37 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from unbroken.chaos import ChaosFault
 from unbroken.devices import DeviceFaulted, DeviceRecovered
-from unbroken.faults import Fault, FaultKind
+from unbroken.faults import CodeTable, Fault, FaultKind
 from unbroken.ledger import (
     CheckpointSaved,
     DecisionMade,
     DeviceIsolated,
     DeviceReturned,
+    Ledger,
     NodeIsolated,
     PodPlaced,
     PodsStopped,
 )
+from unbroken.manager.console import Console
 from unbroken.manager.detector import device_fault
-from unbroken.manager.pods import Spare, agent_argv, assume, let_go, start_pod, start_spare
+from unbroken.manager.incident import Incident
+from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
+from unbroken.manager.pods import (
+    PodProcess,
+    Spare,
+    agent_argv,
+    assume,
+    let_go,
+    start_pod,
+    start_spare,
+)
+from unbroken.manager.progress import RankView
+from unbroken.manager.service import CommandQueues
 from unbroken.policy import (
     BackOff,
     Command,
@@ -44,6 +60,7 @@ from unbroken.policy import (
     FailJob,
     IsolateDevice,
     IsolateNode,
+    JobState,
     PodUnschedulable,
     Recovering,
     RecoverOnSpare,
@@ -66,10 +83,49 @@ from unbroken.protocol.messages import (
     StopPod,
     WriteLastWords,
 )
-from unbroken.scheduler import Pod, Unschedulable, place
+from unbroken.scheduler import Cluster, Pod, Unschedulable, place
 
-if TYPE_CHECKING:
-    from unbroken.manager.job import JobManager
+
+class ExecutorHost(Protocol):
+    """What the executor needs of the job manager: the job's live view and a few calls.
+
+    The manager keeps the I/O (the RPC server, the store, the ledger's status); the executor
+    owns the scheduler's cluster state and the policy's state, and gets the rest here.
+    """
+
+    pods: dict[str, PodProcess]
+    incident: Incident | None
+    history: list[Fault]
+    pending_reason: str
+
+    @property
+    def ranks(self) -> Mapping[int, RankView]: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def master_port(self) -> int: ...
+
+    @property
+    def control_address(self) -> str: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    def begin_generation(self, replica_step: int | None) -> int:
+        """Start the next rendezvous generation (a fresh store); ``replica_step``: its ranks
+        resume at that step from a replica."""
+        ...
+
+    def first_step_committed(self) -> bool:
+        """Whether every rank committed a step in the current generation."""
+        ...
+
+    def finish(self, succeeded: bool, reason: str) -> None: ...
+
+    def fault_detected(self, fault: Fault, now: float) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +139,7 @@ class PendingRejoin:
     skip_pods: tuple[str, ...]
     deadline_at: float
     then: Callable[[int, tuple[int, int]], None] | None = None
+    rung: int | None = None  # the policy generation of the rung it carries out
 
 
 @dataclass
@@ -97,6 +154,7 @@ class PendingDump:
     then: tuple[Command, ...] = ()
     writer: tuple[int, int] | None = None  # (rank, committed step) once asked
     asked_at: float = 0.0
+    rung: int | None = None  # the policy generation of the rung it carries out
 
 
 #: How long the healthy ranks get to stop at a step boundary before last words or a rejoin.
@@ -104,8 +162,46 @@ STOP_TIMEOUT_S = 10.0
 
 
 class Executor:
-    def __init__(self, manager: JobManager) -> None:
-        self.m = manager
+    def __init__(
+        self,
+        host: ExecutorHost,
+        *,
+        job: JobLayout,
+        cluster_layout: ClusterLayout,
+        options: ManagerOptions,
+        codes: CodeTable,
+        chaos: tuple[ChaosFault, ...],
+        run_dir: Path,
+        secret: str,
+        ledger: Ledger,
+        console: Console,
+        commands: CommandQueues,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.m = host
+        self.clock = clock
+        self.job = job
+        self.cl = cluster_layout
+        self.fh = job.fault_handling
+        self.opt = options
+        self.codes = codes
+        self.chaos = chaos
+        self.run_dir = run_dir
+        self.secret = secret
+        self.ledger = ledger
+        self.console = console
+        self.commands = commands
+        #: The scheduler's view of nodes, devices and pod bindings: changed only here.
+        self.cluster = Cluster.of(
+            {n: cluster_layout.devices_per_node for n in cluster_layout.nodes}
+        )
+        #: The policy's state, fed only here.
+        self.policy_state: JobState = Running()
+        #: The policy generation of the rung being carried out, and of the rung that began
+        #: each rendezvous generation: outcome events name it, so the policy can tell a stale
+        #: outcome (of a rung given up) from a current one.
+        self._rung: int | None = None
+        self._rung_of: dict[int, int | None] = {}
         self._queue: list[PolicyEvent] = []
         self._deciding = False
         self.pending_rejoin: PendingRejoin | None = None
@@ -134,11 +230,12 @@ class Executor:
             self._deciding = False
 
     def _decide_queued(self, now: float) -> None:
-        while self._queue and self.m.outcome is None:
+        while self._queue and not self.m.finished:
             ev = self._queue.pop(0)
-            before = self.m.policy_state
-            d = decide(before, ev, self.m.fh, now)
-            self.m.policy_state = d.state
+            before = self.policy_state
+            d = decide(before, ev, self.fh, now)
+            self.policy_state = d.state
+            self._rung = d.state.generation if isinstance(d.state, Recovering) else None
             if self.held is not None and _new_rung(before, d.state):
                 self.held = None  # the commands held back were for a rung given up
             if not d.commands:
@@ -147,7 +244,7 @@ class Executor:
             inc = self.m.incident
             if inc is not None:
                 inc.strategy = strategy
-            self.m.ledger.record(
+            self.ledger.record(
                 DecisionMade(
                     fault_id=inc.fault_id if inc else "",
                     strategy=strategy,
@@ -161,7 +258,7 @@ class Executor:
                     f"; {strategy} has {d.state.deadline_at - now:.0f} s to commit a step, "
                     "then the next rung is tried"
                 )
-            self.m.console.line(f"decision: {strategy}: {d.reason}{wait}")
+            self.console.line(f"decision: {strategy}: {d.reason}{wait}")
             self._run(d.commands, now)
 
     def _run(self, commands: Sequence[Command], now: float) -> None:
@@ -169,14 +266,14 @@ class Executor:
         after them (the newest decision's, when another came meanwhile) until they are
         done or have failed: a stop must not end the rank that writes them."""
         for i, cmd in enumerate(commands):
-            if self.m.outcome is not None:
+            if self.m.finished:
                 return
             if self.pending_dump is not None:
                 self.pending_dump.then = tuple(commands[i:])
                 return
             if isinstance(cmd, BackOff):
                 self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
-                self.m.console.line(
+                self.console.line(
                     f"backing off {cmd.delay_s:.0f} s before recovering (the fault recurred "
                     "without progress)"
                 )
@@ -212,13 +309,13 @@ class Executor:
                 self._reschedule(tuple(pods), g)
             case RescheduleJob(isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
                 self._isolate_all(devs, nodes)
-                self._reschedule(tuple(p.name for p in self.m.job.pods), g)
+                self._reschedule(tuple(p.name for p in self.job.pods), g)
             case FailJob(reason=reason):
                 self.m.finish(False, reason)
             case RetryOnline(ranks=ranks):
                 self._rejoin(replace={}, suspect=tuple(ranks), now=now)
             case RestartInPlace(pod=pod, ranks=ranks):
-                self._rejoin(replace={pod: tuple(ranks) or self.m.job.ranks_of(pod)}, now=now)
+                self._rejoin(replace={pod: tuple(ranks) or self.job.ranks_of(pod)}, now=now)
             case RecoverOnSpare(pod=pod, isolate_devices=devs, isolate_nodes=nodes):
                 self._isolate_all(devs, nodes)
                 self._recover_on_spare(pod, now)
@@ -232,6 +329,7 @@ class Executor:
                         reason=f"{type(cmd).__name__} is not carried out by the embedded "
                         "executor in this version",
                         at=now,
+                        generation=self._rung,
                     )
                 )
 
@@ -246,10 +344,10 @@ class Executor:
         for r, v in sorted(self.m.ranks.items()):
             if not v.alive or r in fault.ranks:
                 continue
-            pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
+            pod = self.m.pods.get(self.job.pod_of_rank(r) or "")
             if pod is None or pod.lost or not pod.alive:
                 continue
-            if fault.pod is not None and not fault.ranks and self.m.job.pod_of_rank(r) == fault.pod:
+            if fault.pod is not None and not fault.ranks and self.job.pod_of_rank(r) == fault.pod:
                 continue
             if fault.kind is FaultKind.NODE_LOST and pod.node == fault.node:
                 continue
@@ -263,7 +361,7 @@ class Executor:
         for r, v in sorted(self.m.ranks.items()):
             if r in exclude or not v.alive or (stopped and v.phase != "stopping"):
                 continue
-            pod = self.m.pods.get(self.m.job.pod_of_rank(r) or "")
+            pod = self.m.pods.get(self.job.pod_of_rank(r) or "")
             if pod is None or pod.lost or not pod.alive:
                 continue
             if best is None or v.committed > best[1]:
@@ -288,18 +386,26 @@ class Executor:
         ]
         if dead:
             self._queue.append(
-                RecoveryFailed(reason=f"pod(s) {', '.join(dead)} have no running agent", at=now)
+                RecoveryFailed(
+                    reason=f"pod(s) {', '.join(dead)} have no running agent",
+                    at=now,
+                    generation=self._rung,
+                )
             )
             return
         lost = {r for ranks in replace.values() for r in ranks} | set(suspect)
         for pod, ranks in replace.items():
             if pod in self.m.pods:
-                self.m.commands.send(pod, self.m.pods[pod].pid, EndRanks(tuple(ranks)))
+                self.commands.send(pod, self.m.pods[pod].pid, EndRanks(tuple(ranks)))
         for p in self.m.pods.values():
             if p.pod not in skip_pods:
-                self.m.commands.send(p.pod, p.pid, PauseRanks())
+                self.commands.send(p.pod, p.pid, PauseRanks())
         self.pending_rejoin = PendingRejoin(
-            replace=dict(replace), lost=lost, skip_pods=skip_pods, deadline_at=now + STOP_TIMEOUT_S
+            replace=dict(replace),
+            lost=lost,
+            skip_pods=skip_pods,
+            deadline_at=now + STOP_TIMEOUT_S,
+            rung=self._rung,
         )
 
     def poll_rejoin(self, now: float) -> None:
@@ -309,7 +415,7 @@ class Executor:
         views = [
             v
             for r, v in self.m.ranks.items()
-            if r not in pr.lost and v.alive and self.m.job.pod_of_rank(r) not in pr.skip_pods
+            if r not in pr.lost and v.alive and self.job.pod_of_rank(r) not in pr.skip_pods
         ]
         stopped = bool(views) and all(v.phase == "stopping" for v in views)
         if not stopped and now < pr.deadline_at:
@@ -317,17 +423,19 @@ class Executor:
         self.pending_rejoin = None
         source = self._source(pr.lost)
         if source is None:
-            self.policy(RecoveryFailed(reason="no healthy replica is left", at=now), now)
+            self.policy(
+                RecoveryFailed(reason="no healthy replica is left", at=now, generation=pr.rung),
+                now,
+            )
             return
         if not stopped:
-            self.m.console.line("not every healthy rank stopped in time; rejoining anyway")
-        gen = self._next_generation()
-        self.m.replica_step[gen] = source[1]
+            self.console.line("not every healthy rank stopped in time; rejoining anyway")
+        gen = self._next_generation(pr.rung, replica_step=source[1])
         for p in self.m.pods.values():
             if p.pod in pr.skip_pods:
                 continue
             p.generation = gen
-            self.m.commands.send(
+            self.commands.send(
                 p.pod,
                 p.pid,
                 RejoinRanks(
@@ -339,7 +447,7 @@ class Executor:
                 ),
             )
         what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
-        self.m.console.line(
+        self.console.line(
             f"generation {gen}: healthy processes rejoin in place"
             + (f"; new processes for {what}" if what else "")
             + f"; state from rank {source[0]} (step {source[1]})"
@@ -349,7 +457,7 @@ class Executor:
 
     # ---- last words (dump) -----------------------------------------------------------
     def _incident_faults(self) -> tuple[Fault, ...]:
-        faults = getattr(self.m.policy_state, "faults", ())
+        faults = getattr(self.policy_state, "faults", ())
         if faults:
             return tuple(faults)
         return (self.m.incident.fault,) if self.m.incident is not None else ()
@@ -360,11 +468,11 @@ class Executor:
         for f in faults:
             lost.update(f.ranks)
             if f.pod is not None and not f.ranks:
-                lost.update(self.m.job.ranks_of(f.pod))
+                lost.update(self.job.ranks_of(f.pod))
             if f.kind is FaultKind.NODE_LOST and f.node is not None:
                 for p in self.m.pods.values():
                     if p.node == f.node:
-                        lost.update(self.m.job.ranks_of(p.pod))
+                        lost.update(self.job.ranks_of(p.pod))
         return lost
 
     def _dump(self, now: float, timeout_s: float) -> None:
@@ -376,16 +484,17 @@ class Executor:
         for p in self.m.pods.values():
             if not p.alive or p.lost:
                 continue
-            mine = [r for r in self.m.job.ranks_of(p.pod) if r in lost]
+            mine = [r for r in self.job.ranks_of(p.pod) if r in lost]
             if mine:
-                self.m.commands.send(p.pod, p.pid, EndRanks(tuple(mine)))
-            self.m.commands.send(p.pod, p.pid, PauseRanks())
-        self.m.console.line("last words: healthy ranks stop at a step boundary")
+                self.commands.send(p.pod, p.pid, EndRanks(tuple(mine)))
+            self.commands.send(p.pod, p.pid, PauseRanks())
+        self.console.line("last words: healthy ranks stop at a step boundary")
         self.pending_dump = PendingDump(
             lost=lost,
             stop_deadline_at=now + STOP_TIMEOUT_S,
             deadline_at=now + timeout_s,
             began_at=now,
+            rung=self._rung,
         )
 
     def poll_dump(self, now: float) -> None:
@@ -398,7 +507,7 @@ class Executor:
                 for r, v in self.m.ranks.items()
                 if r not in pd.lost
                 and v.alive
-                and not getattr(self.m.pods.get(self.m.job.pod_of_rank(r) or ""), "lost", True)
+                and not getattr(self.m.pods.get(self.job.pod_of_rank(r) or ""), "lost", True)
             ]
             stopped = bool(views) and all(v.phase == "stopping" for v in views)
             if not stopped and now < pd.stop_deadline_at:
@@ -407,21 +516,21 @@ class Executor:
             if writer is None:
                 self._dump_done(now, failed="no healthy rank stopped at a step boundary")
                 return
-            pod = self.m.pods[self.m.job.pod_of_rank(writer[0]) or ""]
+            pod = self.m.pods[self.job.pod_of_rank(writer[0]) or ""]
             pd.writer, pd.asked_at = writer, now
-            self.m.commands.send(pod.pod, pod.pid, WriteLastWords(writer[0]))
-            self.m.console.line(f"last words: rank {writer[0]} saves step {writer[1]}")
+            self.commands.send(pod.pod, pod.pid, WriteLastWords(writer[0]))
+            self.console.line(f"last words: rank {writer[0]} saves step {writer[1]}")
             return
         rank, step = pd.writer
         view = self.m.ranks.get(rank)
         if view is not None and view.dumped_at > pd.asked_at and view.dumped_step == step:
-            self.m.ledger.record(
+            self.ledger.record(
                 CheckpointSaved(
                     step=step, path="", duration_s=view.dumped_at - pd.asked_at, last_words=True
                 ),
                 at=view.dumped_at,
             )
-            self.m.console.line(
+            self.console.line(
                 f"last words: rank {rank} saved step {step} ({view.dumped_at - pd.asked_at:.2f} s)"
             )
             self._dump_done(now)
@@ -438,8 +547,8 @@ class Executor:
         self.pending_dump = None
         if failed:
             # Not a failure of the rung that follows: it resumes from the periodic checkpoint.
-            self.m.ledger.record_raw("LastWordsFailed", {"reason": failed})
-            self.m.console.line(f"last words failed: {failed}; the periodic checkpoint is used")
+            self.ledger.record_raw("LastWordsFailed", {"reason": failed})
+            self.console.line(f"last words failed: {failed}; the periodic checkpoint is used")
         if self._deciding:
             self._run(pd.then, now)
             return
@@ -453,28 +562,28 @@ class Executor:
     def _recover_on_spare(self, pod: str, now: float) -> None:
         self._stop((pod,), None)
         result = place(
-            self.m.cluster,
-            [Pod(name=pod, devices_needed=self.m.job.nproc_per_node)],
+            self.cluster,
+            [Pod(name=pod, devices_needed=self.job.nproc_per_node)],
             self.warm_nodes((pod,)),
         )
         if isinstance(result, Unschedulable):
-            self.m.console.line(f"cannot place {pod}: {result.reason}")
-            self._queue.append(PodUnschedulable(pod=pod, at=now))
+            self.console.line(f"cannot place {pod}: {result.reason}")
+            self._queue.append(PodUnschedulable(pod=pod, at=now, generation=self._rung))
             return
-        self.m.cluster = self.m.cluster.bind(result.bindings)
+        self.cluster = self.cluster.bind(result.bindings)
 
         def start_replacement(gen: int, source: tuple[int, int]) -> None:
             for b in result.bindings:
-                self.m.ledger.record(
+                self.ledger.record(
                     PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
                 )
-                self.m.console.line(f"replacement pod {b.pod} placed on {b.node}")
+                self.console.line(f"replacement pod {b.pod} placed on {b.node}")
                 self._start_agent(b.pod, b.node, b.devices, gen)
                 self.m.pods[b.pod].join = JoinFrom(source=source[0], step=source[1])
             if self.m.incident is not None:
                 self.m.incident.awaiting_replacement = pod
 
-        self._rejoin(replace={}, now=now, suspect=self.m.job.ranks_of(pod))
+        self._rejoin(replace={}, now=now, suspect=self.job.ranks_of(pod))
         if self.pending_rejoin is not None:
             self.pending_rejoin.then = start_replacement
 
@@ -486,37 +595,37 @@ class Executor:
             self._isolate_node(n, "node lost")
 
     def _isolate_device(self, node: str, device: int, reason: str) -> None:
-        if self.m.cluster.device_isolated(node, device):
+        if self.cluster.device_isolated(node, device):
             return
-        self.m.cluster = self.m.cluster.isolate_device(node, device, reason)
+        self.cluster = self.cluster.isolate_device(node, device, reason)
         code = next(
             (f.code for f in reversed(self.m.history) if f.node == node and f.device == device),
             None,
         )
-        self.m.ledger.record(DeviceIsolated(node=node, device=device, code=code, reason=reason))
-        self.m.console.line(f"device {device} of {node} isolated ({reason})")
+        self.ledger.record(DeviceIsolated(node=node, device=device, code=code, reason=reason))
+        self.console.line(f"device {device} of {node} isolated ({reason})")
 
     def _isolate_node(self, node: str, reason: str) -> None:
-        if node in self.m.cluster.isolated_nodes:
+        if node in self.cluster.isolated_nodes:
             return
-        self.m.cluster = self.m.cluster.isolate_node(node, reason)
-        self.m.ledger.record(NodeIsolated(node=node, reason=reason))
-        self.m.console.line(f"node {node} isolated ({reason})")
+        self.cluster = self.cluster.isolate_node(node, reason)
+        self.ledger.record(NodeIsolated(node=node, reason=reason))
+        self.console.line(f"node {node} isolated ({reason})")
 
     def device_event(self, event: Any) -> None:
-        now = time.time()
+        now = self.clock()
         if isinstance(event, DeviceFaulted):
-            pod = self.m.cluster.pod_on(event.node)
+            pod = self.cluster.pod_on(event.node)
             ranks: tuple[int, ...] = ()
-            binding = self.m.cluster.bindings.get(pod) if pod else None
+            binding = self.cluster.bindings.get(pod) if pod else None
             if pod is not None and binding is not None and event.device in binding.devices:
                 local = binding.devices.index(event.device)
-                ranks = (self.m.job.ranks_of(pod)[local],)
+                ranks = (self.job.ranks_of(pod)[local],)
             else:
                 pod = None  # the device holds no rank of this job
             if pod is None or not ranks:
                 code = event.code or "unknown"
-                self._idle_device_fault(event.node, event.device, code, self.m.codes.kind_for(code))
+                self._idle_device_fault(event.node, event.device, code, self.codes.kind_for(code))
                 return
             fault = device_fault(
                 event.node,
@@ -526,30 +635,30 @@ class Executor:
                 event.occurred_at,
                 pod,
                 ranks[0],
-                self.m.codes,
+                self.codes,
             )
             self.m.fault_detected(fault, now)
         elif isinstance(event, DeviceRecovered) and (
-            self.m.cl.auto_stowing and self.m.cluster.device_isolated(event.node, event.device)
+            self.cl.auto_stowing and self.cluster.device_isolated(event.node, event.device)
         ):
-            self.m.cluster = self.m.cluster.return_device(event.node, event.device)
-            self.m.ledger.record(
+            self.cluster = self.cluster.return_device(event.node, event.device)
+            self.ledger.record(
                 DeviceReturned(
                     node=event.node, device=event.device, reason="healthy again (autoStowing)"
                 )
             )
-            self.m.console.line(f"device {event.device} of {event.node} back in the pool")
+            self.console.line(f"device {event.device} of {event.node} back in the pool")
 
     def _idle_device_fault(self, node: str, device: int, code: str, kind: FaultKind) -> None:
         """A device that holds no rank of this job failed (a spare node's, or one a pod left):
         training is not touched; an isolating level takes the device out of the pool so that
         no pod is placed on it."""
-        level = self.m.codes.level_for(kind, code)
-        self.m.ledger.record_raw(
+        level = self.codes.level_for(kind, code)
+        self.ledger.record_raw(
             "IdleDeviceFault",
             {"node": node, "device": device, "code": code, "level": str(level)},
         )
-        self.m.console.line(
+        self.console.line(
             f"device {device} of {node} reported {code} ({level}); no rank of the job runs "
             "there, training goes on"
         )
@@ -563,23 +672,33 @@ class Executor:
     def schedulable(self, fault: Fault) -> bool:
         if fault.pod is None:
             return True
-        c = self.m.cluster
+        c = self.cluster
         if fault.node is not None:
             if fault.kind is FaultKind.NODE_LOST:
                 c = c.isolate_node(fault.node, "probe")
             elif fault.device is not None and fault.level.isolates_device:
                 c = c.isolate_device(fault.node, fault.device, "probe")
         c = c.release(fault.pod)
-        pods = [Pod(name=fault.pod, devices_needed=self.m.job.nproc_per_node)]
+        pods = [Pod(name=fault.pod, devices_needed=self.job.nproc_per_node)]
         return not isinstance(place(c, pods), Unschedulable)
 
     # ---- pods -------------------------------------------------------------------------
-    def _next_generation(self) -> int:
-        self.m.generation += 1
-        self.m.generation_began[self.m.generation] = time.time()
-        self.m.ranks = {}
-        self.m.open_store()
-        return self.m.generation
+    def _next_generation(self, rung: int | None, replica_step: int | None = None) -> int:
+        """A new rendezvous generation, begun by the rung of policy generation ``rung``."""
+        gen = self.m.begin_generation(replica_step)
+        self._rung_of[gen] = rung
+        return gen
+
+    def stale(self, rung: int | None) -> bool:
+        """Whether an outcome of the rung of policy generation ``rung`` is stale: the policy
+        has given that rung up for another."""
+        state = self.policy_state
+        return rung is not None and isinstance(state, Recovering) and state.generation != rung
+
+    def rung_of(self, generation: int) -> int | None:
+        """The policy generation of the rung that began rendezvous ``generation`` (None: the
+        job's start, or no rung): the generation its outcome events carry."""
+        return self._rung_of.get(generation)
 
     def _restart_in_place(self) -> None:
         dead = [p.pod for p in self.m.pods.values() if not p.alive or p.lost]
@@ -587,26 +706,27 @@ class Executor:
             self._queue.append(
                 RecoveryFailed(
                     reason=f"pod(s) {', '.join(dead)} have no running agent to restart",
-                    at=time.time(),
+                    at=self.clock(),
+                    generation=self._rung,
                 )
             )
             return
-        gen = self._next_generation()
+        gen = self._next_generation(self._rung)
         for p in self.m.pods.values():
             p.generation = gen
             p.finished = False
-            self.m.commands.send(
+            self.commands.send(
                 p.pod,
                 p.pid,
                 RestartRanks(generation=gen, master_port=self.m.master_port),
             )
-        self.m.console.line(f"generation {gen}: ranks restart in place")
+        self.console.line(f"generation {gen}: ranks restart in place")
 
     def _stop(self, pods: tuple[str, ...], grace_s: float | None) -> None:
         procs = [self.m.pods[p] for p in pods if p in self.m.pods]
         for p in procs:
             if p.alive and not p.lost:
-                self.m.commands.send(p.pod, p.pid, StopPod(grace_s=grace_s, success=False))
+                self.commands.send(p.pod, p.pid, StopPod(grace_s=grace_s, success=False))
         deadline = time.monotonic() + (grace_s or 0.0) + 3.0
         for p in procs:
             left = max(0.0, deadline - time.monotonic())
@@ -617,7 +737,7 @@ class Executor:
                 p.kill_all()  # ranks the agent may have left behind
             p.stopped = True
         if procs:
-            self.m.ledger.record(
+            self.ledger.record(
                 PodsStopped(
                     pods=tuple(p.pod for p in procs),
                     graceful=grace_s is not None,
@@ -625,19 +745,19 @@ class Executor:
                 )
             )
         for p in procs:
-            self.m.cluster = self.m.cluster.release(p.pod)
+            self.cluster = self.cluster.release(p.pod)
             del self.m.pods[p.pod]
 
     def free_nodes(self) -> list[str]:
         """Nodes no pod is bound to, not isolated, with enough healthy devices for a pod."""
-        c = self.m.cluster
+        c = self.cluster
         bound = {b.node for b in c.bindings.values()}
         return [
             n.name
             for n in c.nodes
             if n.name not in bound
             and n.name not in c.isolated_nodes
-            and len(c.healthy_devices(n.name)) >= self.m.job.nproc_per_node
+            and len(c.healthy_devices(n.name)) >= self.job.nproc_per_node
         ]
 
     def keep_spares(self, now: float) -> None:
@@ -645,7 +765,7 @@ class Executor:
         step of this generation committed, no incident): started then, not beside the job's
         own start, because on a small machine its standbys' torch imports would slow that
         down. A spare on a node that is no longer free is let go."""
-        if not self.use_spares or self.m.outcome is not None or now < self._spares_checked_at:
+        if not self.use_spares or self.m.finished or now < self._spares_checked_at:
             return
         self._spares_checked_at = now + 1.0
         free = self.free_nodes()
@@ -660,7 +780,7 @@ class Executor:
             self.m.incident is None
             and self.pending_rejoin is None
             and self.pending_dump is None
-            and self.m.phases_done.get("first") == self.m.generation
+            and self.m.first_step_committed()
         )
         if not training:
             return
@@ -670,17 +790,17 @@ class Executor:
                 env.setdefault("OMP_NUM_THREADS", "1")
                 spare = start_spare(
                     node=node,
-                    nproc=self.m.job.nproc_per_node,
+                    nproc=self.job.nproc_per_node,
                     env=env,
-                    log_dir=self.m.run_dir / "spares" / node,
-                    cwd=self.m.job.workdir,
+                    log_dir=self.run_dir / "spares" / node,
+                    cwd=self.job.workdir,
                 )
                 self.spares[node] = spare
-                self.m.ledger.record_raw("SpareStarted", {"node": node, "pid": spare.proc.pid})
+                self.ledger.record_raw("SpareStarted", {"node": node, "pid": spare.proc.pid})
 
     def _unfit(self, node: str) -> bool:
-        c = self.m.cluster
-        return node in c.isolated_nodes or len(c.healthy_devices(node)) < self.m.job.nproc_per_node
+        c = self.cluster
+        return node in c.isolated_nodes or len(c.healthy_devices(node)) < self.job.nproc_per_node
 
     def warm_nodes(self, pods: Sequence[str]) -> dict[str, str]:
         """Where to place ``pods`` first: free nodes with a warm spare agent, whose ranks
@@ -700,7 +820,7 @@ class Executor:
             let_go(self.spares.pop(node))
         for p in list(self.m.pods.values()):
             if p.alive:
-                self.m.commands.send(p.pod, p.pid, StopPod(grace_s=grace_s, success=success))
+                self.commands.send(p.pod, p.pid, StopPod(grace_s=grace_s, success=success))
         deadline = time.monotonic() + (grace_s or 0.0) + 3.0
         for p in list(self.m.pods.values()):
             if p.reap(max(0.0, deadline - time.monotonic())) is None:
@@ -718,25 +838,25 @@ class Executor:
     def _restart_others(self, placed: tuple[str, ...]) -> None:
         """Once ``placed`` run in the new generation, the other pods restart their ranks in
         place into it."""
-        if self.m.outcome is not None or any(p not in self.m.pods for p in placed):
+        if self.m.finished or any(p not in self.m.pods for p in placed):
             return
         gen = self.m.generation
         for name in [p for p in self.m.pods if p not in placed]:
             proc = self.m.pods[name]
             proc.generation = gen
             proc.finished = False
-            self.m.commands.send(
+            self.commands.send(
                 name,
                 proc.pid,
                 RestartRanks(generation=gen, master_port=self.m.master_port),
             )
 
     def place_and_start(self, pods: tuple[str, ...], prefer: Mapping[str, str]) -> None:
-        job = self.m.job
+        job = self.job
         wanted = [Pod(name=p, devices_needed=job.nproc_per_node) for p in pods]
-        result = place(self.m.cluster, wanted, prefer)
+        result = place(self.cluster, wanted, prefer)
         if isinstance(result, Unschedulable):
-            self.m.console.line(f"cannot place {result.pod}: {result.reason}")
+            self.console.line(f"cannot place {result.pod}: {result.reason}")
             reason = f"cannot place pod {result.pod}: {result.reason}"
             if self.m.generation == 0 and not self.m.pods and self.m.incident is None:
                 self.m.finish(False, reason)
@@ -745,37 +865,41 @@ class Executor:
                 # Lost nodes do not come back: no device returning to the pool can help.
                 self.m.finish(False, reason + "; the nodes left cannot hold the job")
                 return
-            self.m.ledger.record_raw("PodUnschedulable", {"pod": result.pod, "reason": reason})
+            self.ledger.record_raw("PodUnschedulable", {"pod": result.pod, "reason": reason})
             self.m.pending_reason = reason
             if self.unplaced is None:
-                rec = self.m.policy_state
+                rec = self.policy_state
                 until = (
-                    f" for up to {rec.deadline_at - time.time():.0f} s"
-                    if isinstance(rec, Recovering) and rec.deadline_at > time.time()
+                    f" for up to {rec.deadline_at - self.clock():.0f} s"
+                    if isinstance(rec, Recovering) and rec.deadline_at > self.clock()
                     else ""
                 )
-                self.m.console.line(
+                self.console.line(
                     f"waiting{until} for room for {', '.join(pods)}: a device or node back "
                     "in the pool"
                 )
             if self.unplaced is None:
                 self.unplaced = tuple(pods)
-                self._queue.append(PodUnschedulable(pod=result.pod, at=time.time()))
+                self._queue.append(
+                    PodUnschedulable(pod=result.pod, at=self.clock(), generation=self._rung)
+                )
             return
         self.unplaced = None
         self.m.pending_reason = ""
-        self.m.cluster = self.m.cluster.bind(result.bindings)
-        gen = self._next_generation() if self.m.pods or self.m.incident else self.m.generation
+        self.cluster = self.cluster.bind(result.bindings)
+        gen = (
+            self._next_generation(self._rung)
+            if self.m.pods or self.m.incident
+            else self.m.generation
+        )
         for b in result.bindings:
-            self.m.ledger.record(
-                PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
-            )
-            self.m.console.line(f"pod {b.pod} placed on {b.node} (devices {list(b.devices)})")
+            self.ledger.record(PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen))
+            self.console.line(f"pod {b.pod} placed on {b.node} (devices {list(b.devices)})")
             self._start_agent(b.pod, b.node, b.devices, gen)
 
     def _could_fit(self, wanted: list[Pod]) -> bool:
         """Whether ``wanted`` could be placed if every isolated device came back healthy."""
-        c = self.m.cluster
+        c = self.cluster
         for node, device in list(c.isolated_devices):
             c = c.return_device(node, device)
         return not isinstance(place(c, wanted), Unschedulable)
@@ -787,53 +911,53 @@ class Executor:
             return
         self._next_placement_at = now + 1.0
         pods = self.unplaced
-        wanted = [Pod(name=p, devices_needed=self.m.job.nproc_per_node) for p in pods]
-        if isinstance(place(self.m.cluster, wanted), Unschedulable):
+        wanted = [Pod(name=p, devices_needed=self.job.nproc_per_node) for p in pods]
+        if isinstance(place(self.cluster, wanted), Unschedulable):
             return
         self.place_and_start(pods, prefer={})
         self._restart_others(pods)
 
     def _start_agent(self, pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
         m = self.m
-        layout = next(p for p in m.job.pods if p.name == pod)
+        layout = next(p for p in self.job.pods if p.name == pod)
         env = dict(os.environ)
         env.update(layout.env)
         env.update(
             {
-                "UNBROKEN_CONTROL": m.server.address,
-                "UNBROKEN_SECRET": m.secret,
+                "UNBROKEN_CONTROL": m.control_address,
+                "UNBROKEN_SECRET": self.secret,
                 "UNBROKEN_POD": pod,
                 "UNBROKEN_NODE": node,
                 "UNBROKEN_DEVICES": ",".join(map(str, devices)),
-                "UNBROKEN_RUN_DIR": str(m.run_dir),
-                "UNBROKEN_JOB_ID": m.job.job_id,
-                "UNBROKEN_HANG_FLOOR_S": str(m.opt.hang_floor_s),
-                "UNBROKEN_HANG_FACTOR": str(m.opt.hang_factor),
-                "UNBROKEN_HANG_STARTUP_S": str(m.opt.hang_startup_s),
+                "UNBROKEN_RUN_DIR": str(self.run_dir),
+                "UNBROKEN_JOB_ID": self.job.job_id,
+                "UNBROKEN_HANG_FLOOR_S": str(self.opt.hang_floor_s),
+                "UNBROKEN_HANG_FACTOR": str(self.opt.hang_factor),
+                "UNBROKEN_HANG_STARTUP_S": str(self.opt.hang_startup_s),
                 "UNBROKEN_CHAOS": json.dumps(
                     [
                         c.to_json()
-                        for c in m.chaos
-                        if c.in_rank and m.job.pod_of_rank(c.rank or 0) == pod
+                        for c in self.chaos
+                        if c.in_rank and self.job.pod_of_rank(c.rank or 0) == pod
                     ]
                 ),
-                "UNBROKEN_CHAOS_DIR": str(m.run_dir / "chaos"),
+                "UNBROKEN_CHAOS_DIR": str(self.run_dir / "chaos"),
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             }
         )
         argv = agent_argv(
             nproc_per_node=layout.nproc,
-            nnodes=len(m.job.pods),
+            nnodes=len(self.job.pods),
             node_rank=layout.node_rank,
             master_addr="127.0.0.1",
             master_port=m.master_port,
-            max_restarts=m.fh.max_restarts,
-            monitor_interval_s=m.fh.monitor_interval_s,
-            run_id=m.job.job_id,
-            script=m.job.script,
-            script_args=m.job.script_args,
+            max_restarts=self.fh.max_restarts,
+            monitor_interval_s=self.fh.monitor_interval_s,
+            run_id=self.job.job_id,
+            script=self.job.script,
+            script_args=self.job.script_args,
         )
-        log_path = m.run_dir / "pods" / pod / "agent.log"
+        log_path = self.run_dir / "pods" / pod / "agent.log"
         spare = self.spares.pop(node, None)
         if spare is not None:
             taken = assume(
@@ -843,11 +967,11 @@ class Executor:
                 argv=argv,
                 env=env,
                 log_path=log_path,
-                cwd=m.job.workdir,
+                cwd=self.job.workdir,
             )
             if taken is not None:
                 m.pods[pod] = taken
-                m.ledger.record_raw("SpareTaken", {"node": node, "pod": pod, "pid": taken.pid})
+                self.ledger.record_raw("SpareTaken", {"node": node, "pod": pod, "pid": taken.pid})
                 return
             let_go(spare, timeout_s=0.0)
         m.pods[pod] = start_pod(
@@ -857,7 +981,7 @@ class Executor:
             argv=argv,
             env=env,
             log_path=log_path,
-            cwd=m.job.workdir,
+            cwd=self.job.workdir,
         )
 
 

@@ -26,18 +26,17 @@ import logging
 import os
 import queue
 import secrets
-import signal
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unbroken.chaos import ChaosFault, InjectKind
+from unbroken.chaos import ChaosFault
+from unbroken.chaos.injector import Injector, RankTarget, due
 from unbroken.devices import (
     DeviceWatcher,
     SimProvider,
-    clear_device_fault,
-    inject_device_fault,
 )
 from unbroken.faults import CodeTable, Fault, FaultKind, escalate
 from unbroken.ledger import (
@@ -60,6 +59,8 @@ from unbroken.ledger import (
 )
 from unbroken.manager.console import Console
 from unbroken.manager.detector import Detector, Where, diverged
+from unbroken.manager.executor import Executor
+from unbroken.manager.incident import Incident
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
 from unbroken.manager.metrics import LedgerCollector, registry_for
 from unbroken.manager.pods import PodProcess
@@ -72,7 +73,7 @@ from unbroken.manager.progress import (
 from unbroken.manager.service import CommandQueues, Inbound, build_server
 from unbroken.manager.web import WebEndpoint, WebError
 from unbroken.policy import FaultDetected as PolicyFault
-from unbroken.policy import Feasibility, Running
+from unbroken.policy import Feasibility
 from unbroken.policy import RecoveryCompleted as PolicyRecovered
 from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
@@ -98,8 +99,6 @@ from unbroken.protocol.messages import (
 )
 from unbroken.report import render
 from unbroken.rpc.store import host_store
-from unbroken.scheduler import Cluster
-from unbroken.worker.linkfault import LinkFaultError, reset_links
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +121,6 @@ class RunOutcome:
     elapsed_s: float
 
 
-@dataclass
-class Incident:
-    fault_id: str
-    fault: Fault
-    step_at_fault: int
-    strategy: str = ""
-    awaiting_replacement: str | None = None
-
-
 class JobManager:
     """Runs one job on the embedded cluster until it succeeds or fails."""
 
@@ -143,7 +133,10 @@ class JobManager:
         chaos: tuple[ChaosFault, ...] = (),
         options: ManagerOptions | None = None,
         console: Console | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        #: The wall clock (``time.time``; a component test passes a fake one).
+        self.clock = clock
         self.job = job
         self.cl = cluster
         self.run_dir = run_dir
@@ -156,19 +149,17 @@ class JobManager:
         self.secret = secrets.token_hex(16)
         self.inbox: queue.Queue[Inbound] = queue.Queue()
         self.commands = CommandQueues()
-        self.cluster = Cluster.of({n: cluster.devices_per_node for n in cluster.nodes})
         self.pods: dict[str, PodProcess] = {}
         self.ranks: dict[int, RankView] = {}
         self.generation = 0
         #: The generation whose replicas were found diverged (unbroken.worker.agreement).
         self.diverged_generation: int | None = None
-        self.policy_state: Any = Running()
         self.detector = Detector(self.codes, self.opt.settle_s, self.opt.agent_timeout_s)
         self.history: list[Fault] = []
         self.incident: Incident | None = None
         self.n_faults = 0
         self.n_recoveries = 0
-        self.started_at = time.time()
+        self.started_at = self.clock()
         self.progress_step = 0
         self.fired_chaos: set[int] = set()
         self.phases_done: dict[str, int] = {}
@@ -184,10 +175,42 @@ class JobManager:
         self.replica_step: dict[int, int] = {}  # generation -> step repaired from a replica
         self.generation_began: dict[int, float] = {}
         self.pending_reason = ""  # why pods wait to be placed, for the status
-        # imported late: the executor needs the manager's attributes above
-        from unbroken.manager.executor import Executor
+        self.injector = Injector(self)
+        self.executor = Executor(
+            self,
+            job=job,
+            cluster_layout=cluster,
+            options=self.opt,
+            codes=self.codes,
+            chaos=chaos,
+            run_dir=run_dir,
+            secret=self.secret,
+            ledger=ledger,
+            console=self.console,
+            commands=self.commands,
+            clock=clock,
+        )
 
-        self.executor = Executor(self)
+    # ---- what the executor needs (ExecutorHost) -----------------------------------------
+    @property
+    def control_address(self) -> str:
+        return str(self.server.address)
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def begin_generation(self, replica_step: int | None) -> int:
+        self.generation += 1
+        self.generation_began[self.generation] = self.clock()
+        if replica_step is not None:
+            self.replica_step[self.generation] = replica_step
+        self.ranks = {}
+        self.open_store()
+        return self.generation
+
+    def first_step_committed(self) -> bool:
+        return self.phases_done.get("first") == self.generation
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -228,7 +251,7 @@ class JobManager:
         def page() -> str:
             st = self.ledger.status()
             live = st is None or not st.phase.finished
-            return render(collector.records(), st, now=time.time() if live else None, refresh_s=5)
+            return render(collector.records(), st, now=self.clock() if live else None, refresh_s=5)
 
         try:
             self.web = WebEndpoint(
@@ -291,7 +314,7 @@ class JobManager:
                 except queue.Empty:
                     pass
                 if self.outcome is None:
-                    self._tick(time.time())
+                    self._tick(self.clock())
         except LedgerError as exc:
             # Nothing the run does can be recorded (a full disk): stop every process and say so
             # once, rather than train on unrecorded.
@@ -330,9 +353,9 @@ class JobManager:
             step=step,
             faults=self.n_faults,
             recoveries=self.n_recoveries,
-            elapsed_s=time.time() - self.started_at,
+            elapsed_s=self.clock() - self.started_at,
         )
-        self._write_status(time.time(), force=True)
+        self._write_status(self.clock(), force=True)
         self.console.line(("succeeded: " if succeeded else "FAILED: ") + reason)
 
     # ---- inbox ------------------------------------------------------------------------
@@ -357,7 +380,9 @@ class JobManager:
             case "Inject":
                 assert msg.reply is not None
                 try:
-                    detail = self.inject_request(body)
+                    at = self.clock()
+                    detail = self.injector.request(body)
+                    self._record_injected(at, str(body["kind"]), detail)
                     msg.reply.put({"ok": True, "detail": detail})
                 except ValueError as exc:
                     msg.reply.put({"ok": False, "error": str(exc)})
@@ -402,14 +427,14 @@ class JobManager:
         if pod is None or pod.stopped:
             log.warning("refused the hello of %s (agent pid %s)", sender.pod, sender.agent_pid)
             return HelloAnswer(ok=False, error="unknown or replaced pod")
-        pod.hello_at = pod.last_heartbeat_at = time.time()
+        pod.hello_at = pod.last_heartbeat_at = self.clock()
         return HelloAnswer(ok=True, generation=pod.generation, join=pod.join)
 
     def _heartbeat(self, sender: Sender, beat: AgentHeartbeat) -> None:
         pod = self._pod_of(sender)
         if pod is None or sender.generation < 0:
             return
-        pod.last_heartbeat_at = time.time()
+        pod.last_heartbeat_at = self.clock()
         if sender.generation != self.generation:
             return
         for row in beat.ranks:
@@ -436,7 +461,7 @@ class JobManager:
         pod = self._pod_of(sender)
         if pod is None:
             return
-        now = time.time()
+        now = self.clock()
         pod.last_heartbeat_at = now
         gen = sender.generation
         match event:
@@ -507,7 +532,10 @@ class JobManager:
             )
         if self.incident is not None and self.incident.awaiting_replacement == pod.pod:
             self.incident.awaiting_replacement = None
-            self.executor.policy(PolicyReplacementReady(pod=pod.pod, at=time.time()), time.time())
+            ready = PolicyReplacementReady(
+                pod=pod.pod, at=self.clock(), generation=self.executor.rung_of(gen)
+            )
+            self.executor.policy(ready, self.clock())
 
     # ---- the clock --------------------------------------------------------------------
     def _tick(self, now: float) -> None:
@@ -663,7 +691,12 @@ class JobManager:
             self.ledger.record(
                 FirstStepCommitted(generation=gen, step=first), at=ph.first_commit_at
             )
-            if self.incident is not None:
+            rung = self.executor.rung_of(gen)
+            if self.incident is not None and self.executor.stale(rung):
+                # A rung given up began this generation; the rung now carried out will
+                # begin its own, whose first commit ends the incident.
+                log.info("generation %d committed, but its rung %s was given up", gen, rung)
+            elif self.incident is not None:
                 inc = self.incident
                 self.incident = None
                 self.n_recoveries += 1
@@ -683,7 +716,10 @@ class JobManager:
                     f"recovered from {inc.fault_id} by {inc.strategy}: MTTR {mttr:.2f} s, "
                     f"{lost} steps recomputed, generation {gen}"
                 )
-                self.executor.policy(PolicyRecovered(at=ph.first_commit_at), now)
+                self.executor.policy(
+                    PolicyRecovered(at=ph.first_commit_at, generation=rung),
+                    now,
+                )
         step = committed_step(self.ranks.values())
         every = self.opt.progress_every
         if step // every > self.progress_step // every:
@@ -721,7 +757,7 @@ class JobManager:
         pods = []
         for name in (p.name for p in self.job.pods):
             proc = self.pods.get(name)
-            binding = self.cluster.bindings.get(name)
+            binding = self.executor.cluster.bindings.get(name)
             pids = proc.rank_pids if proc else {}
             pods.append(
                 PodStatus(
@@ -756,142 +792,49 @@ class JobManager:
             )
         )
 
-    # ---- fault injection --------------------------------------------------------------
+    # ---- fault injection (unbroken.chaos.injector) ------------------------------------
     def _chaos(self, now: float) -> None:
-        for c in self.chaos:
-            if c.index in self.fired_chaos or c.in_rank:
-                continue
-            due = (c.after_s is not None and now - self.started_at >= c.after_s) or (
-                c.at_step is not None and self.progress_step >= c.at_step
-            )
-            if due:
-                self.fired_chaos.add(c.index)
-                try:
-                    detail = self.inject(
-                        c.kind, rank=c.rank, pod=c.pod, node=c.node, device=c.device, code=c.code
-                    )
-                    self.console.line(f"chaos: {detail}")
-                except ValueError as exc:
-                    self.console.line(f"chaos: faults[{c.index}] not injected: {exc}")
-
-    def inject_request(self, body: dict[str, Any]) -> str:
-        kinds = [k.value for k in InjectKind]
-        if body.get("kind") not in kinds:
-            raise ValueError(f"unknown fault kind {body.get('kind')!r}; one of {kinds}")
-
-        def opt_int(key: str) -> int | None:
-            return None if body.get(key) is None else int(body[key])
-
-        return self.inject(
-            InjectKind(body["kind"]),
-            rank=opt_int("rank"),
-            pod=body.get("pod"),
-            node=body.get("node"),
-            device=opt_int("device"),
-            code=body.get("code"),
-            clear=bool(body.get("clear")),
-            peer=opt_int("peer"),
-        )
-
-    def inject(
-        self,
-        kind: InjectKind,
-        *,
-        rank: int | None = None,
-        pod: str | None = None,
-        node: str | None = None,
-        device: int | None = None,
-        code: str | None = None,
-        clear: bool = False,
-        peer: int | None = None,
-    ) -> str:
-        """Inject a real fault from outside the training processes; returns what was done.
-
-        ``clear`` (device only): the device reports healthy again, so it returns to the pool
-        when ``autoStowing`` is on. ``peer`` (link only): reset only the link between ``rank``
-        and ``peer``, not all of the rank's links to its peers."""
-        at = time.time()
-        if kind in (InjectKind.KILL, InjectKind.HANG, InjectKind.EXCEPTION, InjectKind.MEMORY):
-            sig = {
-                InjectKind.KILL: signal.SIGKILL,
-                InjectKind.HANG: signal.SIGSTOP,
-                InjectKind.EXCEPTION: signal.SIGUSR1,
-                InjectKind.MEMORY: signal.SIGUSR2,
-            }[kind]
-            targets = self._rank_targets(rank, pod)
-            for _r, pid in targets:
-                os.kill(pid, sig)
-            detail = f"{kind}: sent {sig.name} to " + ", ".join(
-                f"rank {r} (pid {p})" for r, p in targets
-            )
-        elif kind is InjectKind.LINK:
-            if rank is None or pod is not None:
-                raise ValueError("a link fault needs --rank: the rank whose links are reset")
-            ((_r, pid),) = self._rank_targets(rank, None)
-            peers = [r for r in sorted(self.ranks) if r != rank and self.ranks[r].alive]
-            if peer is not None:
-                if peer == rank:
-                    raise ValueError(f"--peer {peer} is the rank itself: a link has two ends")
-                self._rank_targets(peer, None)  # a rank that exists and runs
-                peers = [peer]
+        for c in due(self.chaos, self.fired_chaos, now - self.started_at, self.progress_step):
+            self.fired_chaos.add(c.index)
+            at = self.clock()
             try:
-                links = reset_links(
-                    pid,
-                    exclude_ports=(self.master_port, self.job.master_port or 0),
-                    peer_pids=[self.ranks[r].pid for r in peers],
-                )
-            except LinkFaultError as exc:
-                raise ValueError(f"link fault on rank {rank}: {exc}") from None
-            detail = (
-                f"link: reset {len(links)} connection(s) between rank {rank} (pid {pid}) and "
-                + (f"rank {peer}" if peer is not None else "its peers")
-            )
-        elif kind is InjectKind.NODE:
-            if node not in self.cl.nodes:
-                raise ValueError(
-                    f"node {node!r} does not exist (nodes: {', '.join(self.cl.nodes)})"
-                )
-            killed: list[int] = []
-            for p in self.pods.values():
-                if p.node == node and p.alive:
-                    killed += p.kill_all()
-            self.executor.end_spare(node)
-            detail = f"node {node} down: SIGKILL to {len(killed)} processes"
-        else:
-            if node not in self.cl.nodes:
-                raise ValueError(
-                    f"node {node!r} does not exist (nodes: {', '.join(self.cl.nodes)})"
-                )
-            if device is None or not 0 <= device < self.cl.devices_per_node:
-                raise ValueError(
-                    f"device {device!r} does not exist on {node} (0-{self.cl.devices_per_node - 1})"
-                )
-            if clear:
-                clear_device_fault(self.sim_dir, node, device)
-                detail = f"device {device} of {node} healthy again"
-            elif not code:
-                raise ValueError("a device fault needs --code")
-            else:
-                inject_device_fault(self.sim_dir, node, device, code)
-                detail = f"device fault {code} on {node} device {device}"
-        self.ledger.record_raw("FaultInjected", {"fault": str(kind), "detail": detail}, at=at)
-        return detail
+                detail = self.injector.fire(c)
+                self._record_injected(at, str(c.kind), detail)
+                self.console.line(f"chaos: {detail}")
+            except ValueError as exc:
+                self.console.line(f"chaos: faults[{c.index}] not injected: {exc}")
 
-    def _rank_targets(self, rank: int | None, pod: str | None) -> list[tuple[int, int]]:
-        if rank is not None:
-            if not 0 <= rank < self.job.world_size:
-                raise ValueError(f"rank {rank} does not exist (ranks 0-{self.job.world_size - 1})")
-            view = self.ranks.get(rank)
-            if view is None or not view.alive:
-                raise ValueError(f"rank {rank} is not running now")
-            return [(rank, view.pid)]
-        if pod is None or pod not in self.pods:
-            raise ValueError(f"pod {pod!r} does not exist (pods: {', '.join(self.pods)})")
-        out = [
-            (r, v.pid)
-            for r, v in sorted(self.ranks.items())
-            if v.alive and self.job.pod_of_rank(r) == pod
-        ]
-        if not out:
-            raise ValueError(f"pod {pod} has no running rank now")
-        return out
+    def _record_injected(self, at: float, kind: str, detail: str) -> None:
+        self.ledger.record_raw("FaultInjected", {"fault": kind, "detail": detail}, at=at)
+
+    @property
+    def world_size(self) -> int:
+        return self.job.world_size
+
+    @property
+    def nodes(self) -> Sequence[str]:
+        return self.cl.nodes
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.cl.devices_per_node
+
+    def rank_targets(self) -> Mapping[int, RankTarget]:
+        return {
+            r: RankTarget(rank=r, pid=v.pid, pod=self.job.pod_of_rank(r), alive=v.alive)
+            for r, v in self.ranks.items()
+        }
+
+    def pod_names(self) -> Sequence[str]:
+        return list(self.pods)
+
+    def store_ports(self) -> tuple[int, ...]:
+        return (self.master_port, self.job.master_port or 0)
+
+    def take_node_down(self, node: str) -> int:
+        killed: list[int] = []
+        for p in self.pods.values():
+            if p.node == node and p.alive:
+                killed += p.kill_all()
+        self.executor.end_spare(node)
+        return len(killed)

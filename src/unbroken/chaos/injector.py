@@ -1,0 +1,197 @@
+"""Injecting real faults into a running job from outside its processes (``--chaos``,
+``unbroken inject``).
+
+Signals go to rank processes by pid (SIGKILL, SIGSTOP, SIGUSR1 for an exception, SIGUSR2 for a
+device memory error), the kernel resets a rank's TCP links to its peers (``ss -K``), a node's
+processes die at once, and device codes go through the ``sim`` health provider. The injector
+finds the processes through an :class:`InjectionTarget` (the job manager), so it knows nothing
+of how they were started; it returns what it did, for the ledger and the console.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from unbroken.chaos.schedule import ChaosFault, InjectKind
+from unbroken.devices import clear_device_fault, inject_device_fault
+from unbroken.worker.linkfault import LinkFaultError, reset_links
+
+_SIGNALS = {
+    InjectKind.KILL: signal.SIGKILL,
+    InjectKind.HANG: signal.SIGSTOP,
+    InjectKind.EXCEPTION: signal.SIGUSR1,
+    InjectKind.MEMORY: signal.SIGUSR2,
+}
+
+
+@dataclass(frozen=True)
+class RankTarget:
+    """A rank of the job as the manager knows it now."""
+
+    rank: int
+    pid: int
+    pod: str | None
+    alive: bool
+
+
+class InjectionTarget(Protocol):
+    """What the injector needs of the job: its shape, its processes and its store's ports."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def nodes(self) -> Sequence[str]: ...
+
+    @property
+    def devices_per_node(self) -> int: ...
+
+    @property
+    def sim_dir(self) -> Path: ...
+
+    def rank_targets(self) -> Mapping[int, RankTarget]: ...
+
+    def pod_names(self) -> Sequence[str]: ...
+
+    def store_ports(self) -> tuple[int, ...]:
+        """Ports whose connections a link fault must leave alone (the rendezvous stores)."""
+        ...
+
+    def take_node_down(self, node: str) -> int:
+        """SIGKILL every process of ``node``; how many."""
+        ...
+
+
+def due(
+    chaos: Sequence[ChaosFault], fired: set[int], elapsed_s: float, step: int
+) -> list[ChaosFault]:
+    """The scheduled faults to fire from outside now (not fired yet, not fired by a rank
+    itself), ``elapsed_s`` into the job and at committed ``step``."""
+    return [
+        c
+        for c in chaos
+        if c.index not in fired
+        and not c.in_rank
+        and (
+            (c.after_s is not None and elapsed_s >= c.after_s)
+            or (c.at_step is not None and step >= c.at_step)
+        )
+    ]
+
+
+class Injector:
+    def __init__(self, target: InjectionTarget) -> None:
+        self.t = target
+
+    def request(self, body: Mapping[str, Any]) -> str:
+        """Inject what an ``Inject`` request asks for (``unbroken inject``); raises
+        :class:`ValueError` naming what is wrong with it."""
+        kinds = [k.value for k in InjectKind]
+        if body.get("kind") not in kinds:
+            raise ValueError(f"unknown fault kind {body.get('kind')!r}; one of {kinds}")
+
+        def opt_int(key: str) -> int | None:
+            return None if body.get(key) is None else int(body[key])
+
+        return self.inject(
+            InjectKind(body["kind"]),
+            rank=opt_int("rank"),
+            pod=body.get("pod"),
+            node=body.get("node"),
+            device=opt_int("device"),
+            code=body.get("code"),
+            clear=bool(body.get("clear")),
+            peer=opt_int("peer"),
+        )
+
+    def fire(self, c: ChaosFault) -> str:
+        """Inject one scheduled fault."""
+        return self.inject(
+            c.kind, rank=c.rank, pod=c.pod, node=c.node, device=c.device, code=c.code
+        )
+
+    def inject(
+        self,
+        kind: InjectKind,
+        *,
+        rank: int | None = None,
+        pod: str | None = None,
+        node: str | None = None,
+        device: int | None = None,
+        code: str | None = None,
+        clear: bool = False,
+        peer: int | None = None,
+    ) -> str:
+        """Inject a real fault from outside the training processes; returns what was done.
+
+        ``clear`` (device only): the device reports healthy again, so it returns to the pool
+        when ``autoStowing`` is on. ``peer`` (link only): reset only the link between ``rank``
+        and ``peer``, not all of the rank's links to its peers."""
+        if kind in _SIGNALS:
+            sig = _SIGNALS[kind]
+            targets = self._ranks(rank, pod)
+            for _r, pid in targets:
+                os.kill(pid, sig)
+            return f"{kind}: sent {sig.name} to " + ", ".join(
+                f"rank {r} (pid {p})" for r, p in targets
+            )
+        if kind is InjectKind.LINK:
+            return self._link(rank, pod, peer)
+        if node is None or node not in self.t.nodes:
+            raise ValueError(f"node {node!r} does not exist (nodes: {', '.join(self.t.nodes)})")
+        if kind is InjectKind.NODE:
+            killed = self.t.take_node_down(node)
+            return f"node {node} down: SIGKILL to {killed} processes"
+        per_node = self.t.devices_per_node
+        if device is None or not 0 <= device < per_node:
+            raise ValueError(f"device {device!r} does not exist on {node} (0-{per_node - 1})")
+        if clear:
+            clear_device_fault(self.t.sim_dir, node, device)
+            return f"device {device} of {node} healthy again"
+        if not code:
+            raise ValueError("a device fault needs --code")
+        inject_device_fault(self.t.sim_dir, node, device, code)
+        return f"device fault {code} on {node} device {device}"
+
+    def _link(self, rank: int | None, pod: str | None, peer: int | None) -> str:
+        if rank is None or pod is not None:
+            raise ValueError("a link fault needs --rank: the rank whose links are reset")
+        ((_r, pid),) = self._ranks(rank, None)
+        ranks = self.t.rank_targets()
+        peers = [r for r in sorted(ranks) if r != rank and ranks[r].alive]
+        if peer is not None:
+            if peer == rank:
+                raise ValueError(f"--peer {peer} is the rank itself: a link has two ends")
+            self._ranks(peer, None)  # a rank that exists and runs
+            peers = [peer]
+        try:
+            links = reset_links(
+                pid, exclude_ports=self.t.store_ports(), peer_pids=[ranks[r].pid for r in peers]
+            )
+        except LinkFaultError as exc:
+            raise ValueError(f"link fault on rank {rank}: {exc}") from None
+        return f"link: reset {len(links)} connection(s) between rank {rank} (pid {pid}) and " + (
+            f"rank {peer}" if peer is not None else "its peers"
+        )
+
+    def _ranks(self, rank: int | None, pod: str | None) -> list[tuple[int, int]]:
+        ranks = self.t.rank_targets()
+        if rank is not None:
+            if not 0 <= rank < self.t.world_size:
+                raise ValueError(f"rank {rank} does not exist (ranks 0-{self.t.world_size - 1})")
+            view = ranks.get(rank)
+            if view is None or not view.alive:
+                raise ValueError(f"rank {rank} is not running now")
+            return [(rank, view.pid)]
+        pods = self.t.pod_names()
+        if pod is None or pod not in pods:
+            raise ValueError(f"pod {pod!r} does not exist (pods: {', '.join(pods)})")
+        out = [(r, v.pid) for r, v in sorted(ranks.items()) if v.alive and v.pod == pod]
+        if not out:
+            raise ValueError(f"pod {pod} has no running rank now")
+        return out

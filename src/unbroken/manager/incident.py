@@ -1,0 +1,19 @@
+"""The incident being recovered: the first fault since training last ran undisturbed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unbroken.faults import Fault
+
+
+@dataclass
+class Incident:
+    """``strategy``: the rung carrying it out now; ``awaiting_replacement``: the pod whose
+    replacement (``recover``) the policy is told about once its ranks started."""
+
+    fault_id: str
+    fault: Fault
+    step_at_fault: int
+    strategy: str = ""
+    awaiting_replacement: str | None = None

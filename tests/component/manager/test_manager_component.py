@@ -1,0 +1,284 @@
+"""The job manager as one component: scripted agents send typed reports, a fake clock drives
+its loop, and the test reads the orders it sends back and the facts it records. No torch, no
+processes, no network: what is asserted is the manager's decisions for a sequence of reports."""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unbroken.ledger import Ledger
+from unbroken.manager.job import JobManager
+from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
+from unbroken.manager.pods import PodProcess
+from unbroken.manager.service import Inbound
+from unbroken.policy import Recovering, Running
+from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
+from unbroken.protocol.kinds import StepFailure
+from unbroken.protocol.messages import (
+    AgentHeartbeat,
+    AgentHello,
+    EndRanks,
+    Order,
+    PauseRanks,
+    RankExited,
+    RankFailed,
+    RankHung,
+    RankProgress,
+    RanksRejoined,
+    RanksStarted,
+    RejoinRanks,
+    Report,
+    Sender,
+    decode_answer,
+    decode_order,
+    encode_report,
+    method_of,
+)
+from unbroken.spec.knobs import FaultHandling, FaultScheduling, ProcessRecover, Strategy
+
+pytestmark = pytest.mark.component
+
+T0 = 1767225600.0
+PODS = ("job-worker-0", "job-worker-1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+
+@dataclass
+class FakeAgentProcess:
+    pid: int
+
+    def poll(self) -> int | None:
+        return None
+
+
+@dataclass
+class ScriptedAgent:
+    """One pod's agent, as the manager sees it: the reports it sends, the orders it gets."""
+
+    m: JobManager
+    pod: str
+    pid: int
+    ranks: tuple[int, ...]
+    generation: int = 0
+    rank_pids: dict[int, int] = field(default_factory=dict)
+
+    def send(self, report: Report) -> dict[str, Any] | None:
+        sender = Sender(self.pod, self.pid, self.generation, self.m.clock())
+        reply: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.m._handle_one(Inbound(method_of(report), encode_report(sender, report), reply))
+        return None if reply.empty() else reply.get_nowait()
+
+    def orders(self) -> list[Order]:
+        q = self.m.commands.of(self.pod, self.pid)
+        out = []
+        while not q.empty():
+            out.append(decode_order(q.get_nowait()))
+        return out
+
+    def beat(self, phase: Phase, committed: int, **stamps: float) -> None:
+        now = self.m.clock()
+        rows = tuple(
+            RankProgress(
+                rank=r,
+                pid=self.rank_pids[r],
+                alive=True,
+                record=HeartbeatRecord(
+                    pid=self.rank_pids[r],
+                    rank=r,
+                    generation=self.generation,
+                    phase=phase,
+                    tick_at=now,
+                    step=committed,
+                    committed=committed,
+                    committed_at=now,
+                    start_step=stamps.get("start_step", 0),  # type: ignore[arg-type]
+                    recoverable=1,
+                    comm_ready_at=stamps.get("ready_at", T0 + 1),
+                    state_loaded_at=stamps.get("ready_at", T0 + 1),
+                    first_commit_at=stamps.get("ready_at", T0 + 1) + 0.5,
+                ),
+            )
+            for r in self.ranks
+            if r in self.rank_pids
+        )
+        self.send(AgentHeartbeat(ranks=rows))
+
+
+@dataclass
+class Job:
+    m: JobManager
+    clock: Clock
+    agents: tuple[ScriptedAgent, ScriptedAgent]
+
+    def tick(self, dt: float = 0.05) -> None:
+        self.m._tick(self.clock.advance(dt))
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [r.data for r in self.m.ledger.events(kinds=[kind])]
+
+
+def _job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *strategies: Strategy) -> Job:
+    monkeypatch.setenv("UNBROKEN_STANDBY", "0")  # no warm spare agents: no processes
+    layout = JobLayout(
+        job_id="job",
+        pods=tuple(PodLayout(name=p, node_rank=i, nproc=2) for i, p in enumerate(PODS)),
+        script="train.py",
+        script_args=(),
+        fault_handling=FaultHandling(
+            strategies=(*strategies, Strategy.EXIT),
+            fault_scheduling=FaultScheduling.GRACE,
+            process_recover=ProcessRecover.ON,
+        ),
+        workdir=tmp_path,
+    )
+    clock = Clock()
+    m = JobManager(
+        layout,
+        ClusterLayout(nodes=("node-0", "node-1", "node-2"), devices_per_node=2),
+        tmp_path,
+        Ledger(tmp_path / "ledger.db"),
+        options=ManagerOptions(),
+        clock=clock,
+    )
+
+    def open_store(port: int = 0) -> None:  # the rendezvous store is an edge: no socket
+        m.master_port = 29500 + m.generation
+
+    monkeypatch.setattr(m, "open_store", open_store)
+    agents = []
+    for i, pod in enumerate(PODS):
+        m.pods[pod] = PodProcess(
+            pod=pod,
+            node=f"node-{i}",
+            generation=0,
+            proc=FakeAgentProcess(pid=1000 + i),  # type: ignore[arg-type]
+            started_at=T0,
+        )
+        agents.append(ScriptedAgent(m, pod, 1000 + i, layout.ranks_of(pod)))
+    job = Job(m, clock, (agents[0], agents[1]))
+    for a in job.agents:
+        answer = decode_answer(a.send(AgentHello(pid=a.pid, node_rank=0, nproc=2)) or {})
+        assert answer.ok and answer.generation == 0 and answer.join is None
+        a.rank_pids = {r: 2000 + r for r in a.ranks}
+        a.send(RanksStarted(pids=a.rank_pids, started_at=T0))
+        a.beat(Phase.TRAINING, committed=10)
+    job.tick()
+    assert job.events("FirstStepCommitted") and job.m.incident is None
+    return job
+
+
+def test_a_killed_rank_is_recovered_in_place_and_its_peers_are_not_blamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
+    a0, a1 = job.agents
+    # The peers' collectives fail first (echoes), then the killed rank's exit arrives.
+    for a, rank in ((a0, 0), (a0, 1), (a1, 2)):
+        a.send(RankFailed(rank, 2000 + rank, StepFailure.COLLECTIVE, 10, job.clock() - 0.01))
+    job.tick()
+    assert job.events("FaultDetected") == []
+    a1.send(RankExited(rank=3, pid=2003, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
+    job.tick()
+    (fault,) = job.events("FaultDetected")
+    assert (fault["source"], fault["code"], fault["ranks"]) == (
+        "process-exit",
+        "signal:SIGKILL",
+        [3],
+    )
+    (decision,) = job.events("DecisionMade")
+    assert decision["strategy"] == "recover-in-place"
+    assert a1.orders() == [EndRanks((3,)), PauseRanks()]
+    assert a0.orders() == [PauseRanks()]
+
+    # Every healthy rank stops at a step boundary: the rejoin goes out, state from rank 0.
+    a0.beat(Phase.STOPPING, committed=10)
+    a1.rank_pids.pop(3)
+    a1.beat(Phase.STOPPING, committed=10)
+    job.tick()
+    assert job.m.generation == 1
+    assert a0.orders() == [RejoinRanks(1, 29501, source=0, step=10, replace=())]
+    assert a1.orders() == [RejoinRanks(1, 29501, source=0, step=10, replace=(3,))]
+    rung = job.m.executor.rung_of(1)
+    state = job.m.executor.policy_state
+    assert isinstance(state, Recovering) and state.generation == rung
+
+    # The new generation commits its first step: the incident ends, the policy runs again.
+    job.clock.advance(1.0)
+    for a in job.agents:
+        a.generation = 1
+        a.rank_pids = {r: 2000 + r for r in a.ranks} | ({3: 3003} if a is a1 else {})
+        a.send(RanksRejoined(pids=a.rank_pids, joined=(3,) if a is a1 else (), started_at=T0))
+        a.beat(Phase.TRAINING, committed=11, start_step=10, ready_at=job.clock())
+    job.tick()
+    (done,) = job.events("RecoveryCompleted")
+    assert (done["strategy"], done["generation"], done["step"]) == ("recover-in-place", 1, 11)
+    assert isinstance(job.m.executor.policy_state, Running)
+    assert [e["pids"] for e in job.events("ProcessesStarted")][-1] == [3003]
+
+
+def test_a_hung_rank_is_the_fault_not_the_peer_its_silence_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
+    a0, a1 = job.agents
+    a0.send(
+        RankExited(
+            rank=0,
+            pid=2000,
+            returncode=1,
+            exited_at=job.clock(),
+            traceback="Traceback (most recent call last):\nRuntimeError: Connection closed by peer",
+            peer_failure=True,
+        )
+    )
+    a1.send(RankHung(rank=3, pid=2003, silent_s=0.8, timeout_s=0.6, last_tick_at=job.clock() - 1))
+    job.tick()
+    (fault,) = job.events("FaultDetected")
+    assert (fault["source"], fault["ranks"]) == ("hang", [3])
+    # A hang is no process exit: recover-in-place does not take it; the next rung does.
+    assert job.events("DecisionMade")[0]["strategy"] != "recover-in-place"
+
+
+def test_a_collective_failing_with_every_peer_alive_is_a_link_fault_retried_online(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, Strategy.RETRY, Strategy.RECOVER_IN_PLACE)
+    a0, a1 = job.agents
+    a1.send(RankFailed(2, 2002, StepFailure.COLLECTIVE, 10, job.clock()))
+    job.tick(0.1)
+    assert job.events("FaultDetected") == []  # held: the cause may yet be reported
+    while job.clock() - T0 < ManagerOptions().settle_s + 0.1:  # the agents keep beating
+        for a in job.agents:
+            a.beat(Phase.TRAINING, committed=10)
+        job.tick(0.1)
+    (fault,) = job.events("FaultDetected")
+    assert (fault["source"], fault["code"], fault["ranks"]) == ("link", "collective-failed", [2])
+    assert job.events("DecisionMade")[0]["strategy"] == "retry"
+    assert a0.orders() == [PauseRanks()] and a1.orders() == [PauseRanks()]
+
+
+def test_reports_of_an_older_generation_are_echoes_of_a_fault_already_handled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
+    a0, _ = job.agents
+    job.m.generation = 1  # as if a recovery had begun generation 1
+    a0.send(RankExited(rank=0, pid=2000, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
+    job.tick(1.0)
+    assert job.events("FaultDetected") == []
