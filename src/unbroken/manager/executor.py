@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +51,21 @@ from unbroken.manager.pods import (
     start_spare,
 )
 from unbroken.manager.progress import RankView
+from unbroken.manager.rungs import (
+    STOP_TIMEOUT_S,
+    AskWriter,
+    LastWords,
+    LastWordsFailed,
+    NoReplica,
+    RankSeen,
+    Rejoin,
+    RejoinFrom,
+    Replacement,
+    Saved,
+    Wait,
+    advance_last_words,
+    advance_rejoin,
+)
 from unbroken.manager.service import CommandQueues
 from unbroken.policy import (
     BackOff,
@@ -130,37 +145,6 @@ class ExecutorHost(Protocol):
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class PendingRejoin:
-    """A rejoin waiting for every healthy rank to stop (see :meth:`Executor.poll_rejoin`)."""
-
-    replace: dict[str, tuple[int, ...]]
-    lost: set[int]
-    skip_pods: tuple[str, ...]
-    deadline_at: float
-    then: Callable[[int, tuple[int, int]], None] | None = None
-    rung: int | None = None  # the policy generation of the rung it carries out
-
-
-@dataclass
-class PendingDump:
-    """Last words in progress (see :meth:`Executor.poll_dump`): first every healthy rank
-    stops at a step boundary, then one writes, then the commands in ``then`` run."""
-
-    lost: set[int]
-    stop_deadline_at: float
-    deadline_at: float
-    began_at: float
-    then: tuple[Command, ...] = ()
-    writer: tuple[int, int] | None = None  # (rank, committed step) once asked
-    asked_at: float = 0.0
-    rung: int | None = None  # the policy generation of the rung it carries out
-
-
-#: How long the healthy ranks get to stop at a step boundary before last words or a rejoin.
-STOP_TIMEOUT_S = 10.0
-
-
 class Executor:
     def __init__(
         self,
@@ -204,8 +188,9 @@ class Executor:
         self._rung_of: dict[int, int | None] = {}
         self._queue: list[PolicyEvent] = []
         self._deciding = False
-        self.pending_rejoin: PendingRejoin | None = None
-        self.pending_dump: PendingDump | None = None
+        #: The multi-step rungs under way (:mod:`unbroken.manager.rungs`).
+        self.pending_rejoin: Rejoin | None = None
+        self.pending_dump: LastWords | None = None
         #: Warm spare agents by node (see :meth:`keep_spares`); UNBROKEN_STANDBY=0: none.
         self.spares: dict[str, Spare] = {}
         self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
@@ -269,7 +254,7 @@ class Executor:
             if self.m.finished:
                 return
             if self.pending_dump is not None:
-                self.pending_dump.then = tuple(commands[i:])
+                self.pending_dump = replace(self.pending_dump, then=tuple(commands[i:]))
                 return
             if isinstance(cmd, BackOff):
                 self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
@@ -354,19 +339,25 @@ class Executor:
             out.append(r)
         return out
 
-    def _source(self, exclude: set[int], *, stopped: bool = False) -> tuple[int, int] | None:
-        """The replica source (most advanced healthy rank, lowest rank first) and its step;
-        ``stopped``: only a rank stopped at a step boundary (out of every group)."""
-        best: tuple[int, int] | None = None
-        for r, v in sorted(self.m.ranks.items()):
-            if r in exclude or not v.alive or (stopped and v.phase != "stopping"):
-                continue
-            pod = self.m.pods.get(self.job.pod_of_rank(r) or "")
-            if pod is None or pod.lost or not pod.alive:
-                continue
-            if best is None or v.committed > best[1]:
-                best = (r, v.committed)
-        return best
+    def _seen(self) -> dict[int, RankSeen]:
+        """Every rank as the rung steps need to see it."""
+        out = {}
+        for r, v in self.m.ranks.items():
+            pod_name = self.job.pod_of_rank(r)
+            pod = self.m.pods.get(pod_name or "")
+            out[r] = RankSeen(
+                rank=r,
+                pod=pod_name,
+                alive=v.alive,
+                pod_up=pod is not None and not pod.lost and pod.alive,
+                pod_known=pod is not None and not pod.lost,
+                stopping=v.phase == "stopping",
+                committed=v.committed,
+                dumped_step=v.dumped_step,
+                dumped_at=v.dumped_at,
+                dump_failed_at=v.dump_failed_at,
+            )
+        return out
 
     def _rejoin(
         self,
@@ -374,6 +365,7 @@ class Executor:
         now: float,
         suspect: tuple[int, ...] = (),
         skip_pods: tuple[str, ...] = (),
+        replacement: Replacement | None = None,
     ) -> None:
         """Process-level recovery, first half: every healthy rank stops at a step boundary
         (``pause``; ranks whose collective already failed are stopped anyway). The second half,
@@ -400,37 +392,31 @@ class Executor:
         for p in self.m.pods.values():
             if p.pod not in skip_pods:
                 self.commands.send(p.pod, p.pid, PauseRanks())
-        self.pending_rejoin = PendingRejoin(
+        self.pending_rejoin = Rejoin(
             replace=dict(replace),
-            lost=lost,
+            lost=frozenset(lost),
             skip_pods=skip_pods,
             deadline_at=now + STOP_TIMEOUT_S,
             rung=self._rung,
+            replacement=replacement,
         )
 
     def poll_rejoin(self, now: float) -> None:
         pr = self.pending_rejoin
         if pr is None:
             return
-        views = [
-            v
-            for r, v in self.m.ranks.items()
-            if r not in pr.lost and v.alive and self.job.pod_of_rank(r) not in pr.skip_pods
-        ]
-        stopped = bool(views) and all(v.phase == "stopping" for v in views)
-        if not stopped and now < pr.deadline_at:
-            return
-        self.pending_rejoin = None
-        source = self._source(pr.lost)
-        if source is None:
-            self.policy(
-                RecoveryFailed(reason="no healthy replica is left", at=now, generation=pr.rung),
-                now,
-            )
-            return
-        if not stopped:
+        match advance_rejoin(pr, self._seen().values(), now):
+            case Wait():
+                return
+            case NoReplica(reason=reason):
+                self.pending_rejoin = None
+                self.policy(RecoveryFailed(reason=reason, at=now, generation=pr.rung), now)
+                return
+            case RejoinFrom(source=source, step=step, all_stopped=all_stopped):
+                self.pending_rejoin = None
+        if not all_stopped:
             self.console.line("not every healthy rank stopped in time; rejoining anyway")
-        gen = self._next_generation(pr.rung, replica_step=source[1])
+        gen = self._next_generation(pr.rung, replica_step=step)
         for p in self.m.pods.values():
             if p.pod in pr.skip_pods:
                 continue
@@ -441,8 +427,8 @@ class Executor:
                 RejoinRanks(
                     generation=gen,
                     master_port=self.m.master_port,
-                    source=source[0],
-                    step=source[1],
+                    source=source,
+                    step=step,
                     replace=tuple(pr.replace.get(p.pod, ())),
                 ),
             )
@@ -450,10 +436,10 @@ class Executor:
         self.console.line(
             f"generation {gen}: healthy processes rejoin in place"
             + (f"; new processes for {what}" if what else "")
-            + f"; state from rank {source[0]} (step {source[1]})"
+            + f"; state from rank {source} (step {step})"
         )
-        if pr.then is not None:
-            pr.then(gen, source)
+        if pr.replacement is not None:
+            self._start_replacement(pr.replacement, gen, JoinFrom(source=source, step=step))
 
     # ---- last words (dump) -----------------------------------------------------------
     def _incident_faults(self) -> tuple[Fault, ...]:
@@ -489,8 +475,8 @@ class Executor:
                 self.commands.send(p.pod, p.pid, EndRanks(tuple(mine)))
             self.commands.send(p.pod, p.pid, PauseRanks())
         self.console.line("last words: healthy ranks stop at a step boundary")
-        self.pending_dump = PendingDump(
-            lost=lost,
+        self.pending_dump = LastWords(
+            lost=frozenset(lost),
             stop_deadline_at=now + STOP_TIMEOUT_S,
             deadline_at=now + timeout_s,
             began_at=now,
@@ -501,45 +487,24 @@ class Executor:
         pd = self.pending_dump
         if pd is None:
             return
-        if pd.writer is None:
-            views = [
-                v
-                for r, v in self.m.ranks.items()
-                if r not in pd.lost
-                and v.alive
-                and not getattr(self.m.pods.get(self.job.pod_of_rank(r) or ""), "lost", True)
-            ]
-            stopped = bool(views) and all(v.phase == "stopping" for v in views)
-            if not stopped and now < pd.stop_deadline_at:
-                return
-            writer = self._source(pd.lost, stopped=True)
-            if writer is None:
-                self._dump_done(now, failed="no healthy rank stopped at a step boundary")
-                return
-            pod = self.m.pods[self.job.pod_of_rank(writer[0]) or ""]
-            pd.writer, pd.asked_at = writer, now
-            self.commands.send(pod.pod, pod.pid, WriteLastWords(writer[0]))
-            self.console.line(f"last words: rank {writer[0]} saves step {writer[1]}")
-            return
-        rank, step = pd.writer
-        view = self.m.ranks.get(rank)
-        if view is not None and view.dumped_at > pd.asked_at and view.dumped_step == step:
-            self.ledger.record(
-                CheckpointSaved(
-                    step=step, path="", duration_s=view.dumped_at - pd.asked_at, last_words=True
-                ),
-                at=view.dumped_at,
-            )
-            self.console.line(
-                f"last words: rank {rank} saved step {step} ({view.dumped_at - pd.asked_at:.2f} s)"
-            )
-            self._dump_done(now)
-        elif view is None or not view.alive:
-            self._dump_done(now, failed=f"rank {rank} died writing them")
-        elif view.dump_failed_at > pd.asked_at:
-            self._dump_done(now, failed=f"rank {rank} could not write them (see its log)")
-        elif now >= pd.deadline_at:
-            self._dump_done(now, failed=f"rank {rank} did not finish within the dump timeout")
+        pd, step = advance_last_words(pd, self._seen(), now)
+        self.pending_dump = pd
+        match step:
+            case Wait():
+                pass
+            case AskWriter(rank=rank, step=at_step):
+                pod = self.m.pods[self.job.pod_of_rank(rank) or ""]
+                self.commands.send(pod.pod, pod.pid, WriteLastWords(rank))
+                self.console.line(f"last words: rank {rank} saves step {at_step}")
+            case Saved(rank=rank, step=at_step, dumped_at=dumped_at, took_s=took_s):
+                self.ledger.record(
+                    CheckpointSaved(step=at_step, path="", duration_s=took_s, last_words=True),
+                    at=dumped_at,
+                )
+                self.console.line(f"last words: rank {rank} saved step {at_step} ({took_s:.2f} s)")
+                self._dump_done(now)
+            case LastWordsFailed(reason=reason):
+                self._dump_done(now, failed=reason)
 
     def _dump_done(self, now: float, failed: str = "") -> None:
         pd = self.pending_dump
@@ -571,21 +536,23 @@ class Executor:
             self._queue.append(PodUnschedulable(pod=pod, at=now, generation=self._rung))
             return
         self.cluster = self.cluster.bind(result.bindings)
+        self._rejoin(
+            replace={},
+            now=now,
+            suspect=self.job.ranks_of(pod),
+            replacement=Replacement(pod=pod, bindings=result.bindings),
+        )
 
-        def start_replacement(gen: int, source: tuple[int, int]) -> None:
-            for b in result.bindings:
-                self.ledger.record(
-                    PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen)
-                )
-                self.console.line(f"replacement pod {b.pod} placed on {b.node}")
-                self._start_agent(b.pod, b.node, b.devices, gen)
-                self.m.pods[b.pod].join = JoinFrom(source=source[0], step=source[1])
-            if self.m.incident is not None:
-                self.m.incident.awaiting_replacement = pod
-
-        self._rejoin(replace={}, now=now, suspect=self.job.ranks_of(pod))
-        if self.pending_rejoin is not None:
-            self.pending_rejoin.then = start_replacement
+    def _start_replacement(self, r: Replacement, gen: int, join: JoinFrom) -> None:
+        """``recover``, once the rejoin is out: the replacement pod's agent starts, its ranks
+        joining generation ``gen`` with their state from the replica."""
+        for b in r.bindings:
+            self.ledger.record(PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen))
+            self.console.line(f"replacement pod {b.pod} placed on {b.node}")
+            self._start_agent(b.pod, b.node, b.devices, gen)
+            self.m.pods[b.pod].join = join
+        if self.m.incident is not None:
+            self.m.incident.awaiting_replacement = r.pod
 
     # ---- isolation --------------------------------------------------------------------
     def _isolate_all(self, devs: tuple[DeviceRef, ...], nodes: tuple[str, ...]) -> None:

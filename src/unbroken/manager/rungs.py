@@ -1,0 +1,183 @@
+"""The multi-step rungs as values: each step is a pure function of the rung and of the ranks
+as the manager sees them now, returning the rung's next value and what to do.
+
+Process-level recovery cannot be done in one go: the healthy ranks first stop at a step
+boundary (``pause``), and only once they all did is the replica source and its step known
+exactly (rather than from a heartbeat of a moment ago). So:
+
+- :class:`Rejoin` (``retry``, ``recover-in-place``, ``recover``): waits until every healthy
+  rank stopped (or :data:`STOP_TIMEOUT_S` passed), then says :class:`RejoinFrom` the most
+  advanced replica, or :class:`NoReplica`. ``recover`` carries the :class:`Replacement` pod to
+  start once the rejoin goes out;
+- :class:`LastWords` (``dump``): waits for the healthy ranks to stop, then asks the most
+  advanced stopped replica to write its state (:class:`AskWriter`), then reports it
+  :class:`Saved` or :class:`LastWordsFailed` (died, could not, or too slow); the commands that
+  followed the dump in the decision run after it.
+
+Every rung value carries ``rung``, the policy generation of the rung it carries out, so the
+outcome events it causes name it (a stale outcome of a rung given up is ignored by the
+policy). The executor (:mod:`unbroken.manager.executor`) sends the orders and keeps the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from unbroken.policy import Command
+from unbroken.scheduler import Binding
+
+#: How long the healthy ranks get to stop at a step boundary before last words or a rejoin.
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class RankSeen:
+    """A rank as the rung steps see it. ``pod_up``: its pod is known, its agent alive and
+    not lost; ``pod_known``: its pod is known and not lost (the agent may be ending)."""
+
+    rank: int
+    pod: str | None
+    alive: bool
+    pod_up: bool
+    pod_known: bool
+    stopping: bool
+    committed: int
+    dumped_step: int = -1
+    dumped_at: float = 0.0
+    dump_failed_at: float = 0.0
+
+
+def replica_source(
+    ranks: Iterable[RankSeen], exclude: Iterable[int], *, stopped: bool = False
+) -> tuple[int, int] | None:
+    """The replica source (most advanced healthy rank, lowest rank first) and its step;
+    ``stopped``: only a rank stopped at a step boundary (out of every group)."""
+    out = set(exclude)
+    best: tuple[int, int] | None = None
+    for v in sorted(ranks, key=lambda v: v.rank):
+        if v.rank in out or not v.alive or (stopped and not v.stopping) or not v.pod_up:
+            continue
+        if best is None or v.committed > best[1]:
+            best = (v.rank, v.committed)
+    return best
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do yet."""
+
+
+# ---- rejoin ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Replacement:
+    """``recover``: the pod placed on a spare node, whose agent starts once the rejoin is out
+    and whose ranks take their state from the replica."""
+
+    pod: str
+    bindings: tuple[Binding, ...]
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Healthy ranks pausing before they rejoin; ``replace``: ranks given new processes per
+    pod; ``lost``: ranks whose state cannot be a replica; pods in ``skip_pods`` take no part."""
+
+    replace: Mapping[str, tuple[int, ...]]
+    lost: frozenset[int]
+    skip_pods: tuple[str, ...]
+    deadline_at: float
+    rung: int | None
+    replacement: Replacement | None = None
+
+
+@dataclass(frozen=True)
+class RejoinFrom:
+    """Send the rejoin: state from ``source`` at ``step``; ``all_stopped``: False when the
+    deadline passed first."""
+
+    source: int
+    step: int
+    all_stopped: bool
+
+
+@dataclass(frozen=True)
+class NoReplica:
+    reason: str = "no healthy replica is left"
+
+
+def advance_rejoin(
+    r: Rejoin, ranks: Iterable[RankSeen], now: float
+) -> Wait | RejoinFrom | NoReplica:
+    seen = list(ranks)
+    healthy = [v for v in seen if v.rank not in r.lost and v.alive and v.pod not in r.skip_pods]
+    stopped = bool(healthy) and all(v.stopping for v in healthy)
+    if not stopped and now < r.deadline_at:
+        return Wait()
+    source = replica_source(seen, r.lost)
+    if source is None:
+        return NoReplica()
+    return RejoinFrom(source=source[0], step=source[1], all_stopped=stopped)
+
+
+# ---- last words --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LastWords:
+    """``dump`` in progress; ``then``: the commands of the decision that follow it;
+    ``writer``: (rank, step) once asked, at ``asked_at``."""
+
+    lost: frozenset[int]
+    stop_deadline_at: float
+    deadline_at: float
+    began_at: float
+    rung: int | None
+    then: tuple[Command, ...] = ()
+    writer: tuple[int, int] | None = None
+    asked_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class AskWriter:
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Saved:
+    rank: int
+    step: int
+    dumped_at: float
+    took_s: float
+
+
+@dataclass(frozen=True)
+class LastWordsFailed:
+    reason: str
+
+
+LastWordsStep = Wait | AskWriter | Saved | LastWordsFailed
+
+
+def advance_last_words(
+    lw: LastWords, ranks: Mapping[int, RankSeen], now: float
+) -> tuple[LastWords, LastWordsStep]:
+    if lw.writer is None:
+        healthy = [v for v in ranks.values() if v.rank not in lw.lost and v.alive and v.pod_known]
+        stopped = bool(healthy) and all(v.stopping for v in healthy)
+        if not stopped and now < lw.stop_deadline_at:
+            return lw, Wait()
+        writer = replica_source(ranks.values(), lw.lost, stopped=True)
+        if writer is None:
+            return lw, LastWordsFailed("no healthy rank stopped at a step boundary")
+        return replace(lw, writer=writer, asked_at=now), AskWriter(*writer)
+    rank, step = lw.writer
+    v = ranks.get(rank)
+    if v is not None and v.dumped_at > lw.asked_at and v.dumped_step == step:
+        return lw, Saved(rank, step, v.dumped_at, v.dumped_at - lw.asked_at)
+    if v is None or not v.alive:
+        return lw, LastWordsFailed(f"rank {rank} died writing them")
+    if v.dump_failed_at > lw.asked_at:
+        return lw, LastWordsFailed(f"rank {rank} could not write them (see its log)")
+    if now >= lw.deadline_at:
+        return lw, LastWordsFailed(f"rank {rank} did not finish within the dump timeout")
+    return lw, Wait()
