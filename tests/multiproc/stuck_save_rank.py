@@ -3,7 +3,10 @@ joins (as when a peer is lost mid-save), lets it go with ``Checkpointer.abandon`
 exits the usual way, through the interpreter's shutdown, which waits for every thread of the
 save. Rank 1 holds its end of the checkpoint group open until rank 0 has let go.
 
-Usage: ``python stuck_save_rank.py RANK PORT CKPT_DIR``; prints ``abandoned after S s``.
+With ``--no-cut`` rank 0 cannot cut the links (as when a lost peer's links are already gone
+while the save still waits): the save stays stuck, and the process must exit all the same.
+
+Usage: ``python stuck_save_rank.py RANK PORT CKPT_DIR [--no-cut]``; prints ``abandoned after S s``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def main() -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     # The group's timeout is far beyond the test's: only cutting its links ends the save.
     pg, cut = checkpoint_group(timeout_s=600.0)
-    ckpt = Checkpointer(root, pg, cut=cut)
+    ckpt = Checkpointer(root, pg, cut=None if "--no-cut" in sys.argv[4:] else cut)
     if rank == 0:
         model = torch.nn.Linear(4, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -39,6 +42,17 @@ def main() -> None:
     else:
         store.wait(["abandoned"])
     dist.barrier()
+    if rank == 1 and "--no-cut" in sys.argv[4:]:
+        # Keep this end of the checkpoint group open until rank 0 (which hosts the store) is
+        # gone: its save never sees the link close while it exits.
+        deadline = time.monotonic() + 100.0
+        try:
+            while time.monotonic() < deadline:
+                store.check(["abandoned"])
+                time.sleep(0.2)
+        except Exception:
+            pass
+        del pg
     dist.destroy_process_group()
 
 

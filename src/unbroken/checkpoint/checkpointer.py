@@ -3,9 +3,11 @@
 A save stages the state (model and optimizer through ``get_state_dict``, plus this rank's
 ``extra`` tensors under the per-rank key ``ranks.<rank>``, and the ``shared`` tensors of the
 state every rank holds alike under ``state``) into CPU memory on the caller's
-thread, then writes it in the background with ``dcp.async_save`` over a process group reserved
-for checkpointing, so the background collectives never interleave with the training's own on
-the default group. When every rank's files are written, rank 0 commits the checkpoint by
+thread, then writes it with ``dcp.save`` on a daemon thread of its own, over a process group
+reserved for checkpointing, so the background collectives never interleave with the training's
+own on the default group. Not ``dcp.async_save``: its writer thread is not a daemon, so the
+interpreter's exit waits for it, and a save stuck on a lost peer would hold the process for the
+group's whole timeout. When every rank's files are written, rank 0 commits the checkpoint by
 writing its manifest (see :mod:`unbroken.checkpoint.manifest`) and prunes old ones.
 
 Per-rank keys matter: DCP treats a plain tensor under the same key on every rank as replicated
@@ -45,7 +47,6 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from unbroken.checkpoint.manifest import (
@@ -79,6 +80,18 @@ def _tensors_under(metadata: Metadata, prefix: str) -> dict[str, torch.Tensor]:
         for key, md in metadata.state_dict_metadata.items()
         if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
     }
+
+
+def _staged(value: Any) -> Any:
+    """A copy of a state dict whose tensors are detached clones (a ``DTensor`` clones into a
+    ``DTensor``): what the background write reads while the training changes the originals."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: _staged(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_staged(v) for v in value)
+    return value
 
 
 class CheckpointError(RuntimeError):
@@ -175,35 +188,38 @@ class Checkpointer:
         }
         if shared:
             state[_SHARED] = dict(shared)
-        upload = async_save(
-            state,
-            checkpoint_id=path,
-            process_group=self.pg,
-            no_dist=not self._distributed,
-        )
-        upload_done = upload if isinstance(upload, Future) else upload.upload_completion
+        staged = _staged(state)  # the training goes on changing the live tensors
         done: Future[int] = Future()
         pending = _Pending(step, path, done)
         thread = threading.Thread(
-            target=self._finish,
-            args=(pending, upload_done),
+            target=self._write,
+            args=(pending, staged, self.pg, self.rank, self.world_size),
             name=f"unbroken-ckpt-{step}",
-            daemon=True,
+            daemon=True,  # an abandoned save stuck on a lost peer must not hold the exit
         )
         self._pending = pending
         thread.start()
 
-    def _finish(self, pending: _Pending, upload_done: Future[Any]) -> None:
+    def _write(
+        self,
+        pending: _Pending,
+        staged: dict[str, Any],
+        pg: dist.ProcessGroup | None,
+        rank: int,
+        world_size: int,
+    ) -> None:
         try:
-            metadata = upload_done.result()
-            if self.rank == 0:
+            metadata = dcp_save(
+                staged, checkpoint_id=pending.path, process_group=pg, no_dist=not self._distributed
+            )
+            if rank == 0:
                 assert isinstance(metadata, Metadata)
                 files = {info.relative_path for info in metadata.storage_data.values()}
                 files.add(".metadata")
                 write_manifest(
                     pending.path,
                     step=pending.step,
-                    world_size=self.world_size,
+                    world_size=world_size,
                     files=files,
                     created_at=time.time(),
                 )
