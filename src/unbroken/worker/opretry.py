@@ -61,7 +61,8 @@ from unbroken.spec.knobs import OpRetry, RetryLevel
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
-    from torch._C._distributed_c10d import ProcessGroupGloo
+
+    from unbroken.worker.torchapi import ProcessGroupGloo
 
 logger = logging.getLogger(__name__)
 
@@ -193,12 +194,11 @@ class OpRetrier:
         ``torch.distributed``: dropping the last reference closes its links, which is how a
         broken one is aborted), from the generation's store under ``op-retry/<generation>/``."""
         import torch.distributed as dist
-        from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
-        store = PrefixStore(
-            f"op-retry/{generation}/{name}/", dist.distributed_c10d._get_default_store()
-        )
-        return ProcessGroupGloo(
+        from unbroken.worker import torchapi
+
+        store = torchapi.PrefixStore(f"op-retry/{generation}/{name}/", torchapi.default_store())
+        return torchapi.gloo_group(
             store, dist.get_rank(), dist.get_world_size(), timedelta(seconds=self.timeout_s)
         )
 
@@ -213,6 +213,8 @@ class OpRetrier:
         the group. The caller has dropped its references to the broken group (so that its
         links close). Raises :class:`OpRetryExhausted` or :class:`OpRetryStopped`."""
         import torch.distributed as dist
+
+        from unbroken.worker import torchapi
 
         s = self.settings
         rank = dist.get_rank()
@@ -242,7 +244,7 @@ class OpRetrier:
                 self._regroup()  # the other groups the fault broke (checkpoints)
                 for tensor, saved in zip(tensors, inputs, strict=True):
                     tensor.copy_(saved)
-                works.extend(group.allreduce([t]) for t in tensors)  # type: ignore[attr-defined]
+                works.extend(torchapi.gloo_allreduce(group, t) for t in tensors)
                 error_now = wait_all(works)
                 if error_now is not None:
                     raise error_now
@@ -309,16 +311,15 @@ class OpRetrier:
     def _new_group(self, step: int, attempt: int) -> ProcessGroupGloo:
         """Meet every rank in the generation's store, then build the new group."""
         import torch.distributed as dist
-        from torch._C._distributed_c10d import PrefixStore
+
+        from unbroken.worker import torchapi
 
         generation = self._generation()
         if generation != self._rounds_generation:
             self._rounds_generation, self._rounds = generation, 0
         self._rounds += 1
         name = f"{self._rounds}/step-{step}"
-        store = PrefixStore(
-            f"op-retry/{generation}/{name}/", dist.distributed_c10d._get_default_store()
-        )
+        store = torchapi.PrefixStore(f"op-retry/{generation}/{name}/", torchapi.default_store())
         rank, world_size = dist.get_rank(), dist.get_world_size()
         store.set(f"arrived/{rank}", "1")
         keys = [f"arrived/{r}" for r in range(world_size)]

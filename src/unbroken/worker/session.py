@@ -46,7 +46,6 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
 from unbroken.worker import agreement, rng
@@ -59,6 +58,7 @@ from unbroken.worker.recovery import Recovery, RecoverySettings, checkpoint_grou
 from unbroken.worker.statecodec import StateCodecError, pack, unpack
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
+from unbroken.worker.torchapi import PrefixStore, TCPStore, default_store
 from unbroken.worker.trainstate import TrainState
 
 logger = logging.getLogger(__name__)
@@ -490,7 +490,7 @@ def _store_ports() -> list[int]:
     of the current generation's default group)."""
     ports = [int(p) for p in (os.environ.get("MASTER_PORT", ""),) if p.isdigit()]
     if dist.is_initialized():
-        store = dist.distributed_c10d._get_default_store()
+        store = default_store()
         while isinstance(store, PrefixStore):
             store = store.underlying_store
         if isinstance(store, TCPStore):

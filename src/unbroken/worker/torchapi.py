@@ -1,0 +1,220 @@
+"""Every private torch API the worker library uses, each behind one thin function.
+
+The worker leans on torch internals where no public API does the job: DDP's reducer parameters
+and process group, the collectives DDP's constructor runs, the default group's store and
+timeout, gloo process groups not registered with ``torch.distributed``. Those names change
+between torch releases without notice, so no other module names them: a torch upgrade that
+moves one breaks here, and in the test of the function that wraps it
+(``tests/multiproc/test_torchapi.py``), not somewhere in the middle of a recovery.
+
+Each function says what it does, the torch version it was checked against, and the public API
+that would replace it, if there is one. The store and group classes are re-exported under the
+names of ``torch._C._distributed_c10d``, which is where their type stubs live; at run time they
+are the very classes ``torch.distributed`` exports publicly.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket, PrefixStore, ProcessGroupGloo, Store, TCPStore
+from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel.distributed import _BufferCommHookLocation
+
+__all__ = [
+    "GradBucket",
+    "PrefixStore",
+    "ProcessGroupGloo",
+    "Store",
+    "TCPStore",
+    "broadcast_coalesced",
+    "ddp_delays_all_reduce",
+    "ddp_parameters",
+    "ddp_register_buffer_hook",
+    "ddp_use_process_group",
+    "default_store",
+    "foreach_div_",
+    "gloo_allgather",
+    "gloo_allreduce",
+    "gloo_barrier",
+    "gloo_broadcast",
+    "gloo_group",
+    "set_group_timeout",
+    "unbind_default_group_arguments",
+    "verify_params_across_processes",
+]
+
+# -- the default group -----------------------------------------------------------------------
+
+
+def default_store() -> Store:
+    """The store ``init_process_group`` built the default group on (a new group's rendezvous
+    goes under a prefix of it).
+
+    ``torch.distributed.distributed_c10d._get_default_store``; checked against torch 2.13.
+    Public replacement: none; a script that builds the store itself and passes it as
+    ``init_process_group(store=...)`` holds it already."""
+    return dist.distributed_c10d._get_default_store()
+
+
+def set_group_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Change the timeout of ``group``'s collectives after it was built.
+
+    ``torch.distributed.distributed_c10d._set_pg_timeout``; checked against torch 2.13. Public
+    replacement: ``timeout=`` of ``init_process_group``/``new_group``, when the group is built
+    (the script builds the default group, before the session knows its timeout)."""
+    dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def unbind_default_group_arguments() -> None:
+    """Drop the default group that ``torch.distributed.nn.functional`` bound as a default
+    argument of its functions when it was imported (DDP's constructor imports it): that
+    binding keeps the group, and its connections, alive for good. ``None`` means the same (the
+    current default group).
+
+    Relies on the module's functions taking ``group=group.WORLD``, evaluated at import;
+    checked against torch 2.13. Public replacement: none."""
+    module = sys.modules.get("torch.distributed.nn.functional")
+    if module is None:
+        return
+    for value in vars(module).values():
+        defaults = getattr(value, "__defaults__", None)
+        if isinstance(defaults, tuple) and any(isinstance(d, dist.ProcessGroup) for d in defaults):
+            value.__defaults__ = tuple(
+                None if isinstance(d, dist.ProcessGroup) else d for d in defaults
+            )
+
+
+# -- gloo groups of the worker's own ---------------------------------------------------------
+
+
+def gloo_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> ProcessGroupGloo:
+    """A gloo group built directly over ``store``, not registered with ``torch.distributed``:
+    dropping its last reference closes its links (``abort()`` does not, for gloo).
+
+    Constructs ``torch._C._distributed_c10d.ProcessGroupGloo``; checked against torch 2.13.
+    Public replacement: ``dist.new_group(backend="gloo")``, which registers the group, so its
+    links stay open until ``destroy_process_group``."""
+    return ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def gloo_allreduce(group: ProcessGroupGloo, tensor: torch.Tensor) -> dist.Work:
+    """Start summing ``tensor`` in place over ``group`` (from :func:`gloo_group`).
+
+    ``ProcessGroupGloo.allreduce``, a backend method without type stubs; checked against torch
+    2.13. Public replacement: ``dist.all_reduce(tensor, group=g, async_op=True)`` on a
+    registered group."""
+    work: dist.Work = group.allreduce([tensor])  # type: ignore[attr-defined]
+    return work
+
+
+def gloo_broadcast(group: ProcessGroupGloo, tensor: torch.Tensor) -> dist.Work:
+    """Start sending rank 0's ``tensor`` to every rank of ``group``, in place.
+
+    ``ProcessGroupGloo.broadcast``; checked against torch 2.13. Public replacement:
+    ``dist.broadcast(tensor, src, group=g, async_op=True)`` on a registered group."""
+    work: dist.Work = group.broadcast([tensor])  # type: ignore[attr-defined]
+    return work
+
+
+def gloo_allgather(
+    group: ProcessGroupGloo, outputs: list[torch.Tensor], tensor: torch.Tensor
+) -> dist.Work:
+    """Start gathering every rank's ``tensor`` into ``outputs`` (one tensor per rank).
+
+    ``ProcessGroupGloo.allgather``; checked against torch 2.13. Public replacement:
+    ``dist.all_gather(outputs, tensor, group=g, async_op=True)`` on a registered group."""
+    work: dist.Work = group.allgather([outputs], [tensor])  # type: ignore[attr-defined]
+    return work
+
+
+def gloo_barrier(group: ProcessGroupGloo) -> dist.Work:
+    """Start a barrier over ``group``.
+
+    ``ProcessGroupGloo.barrier``; checked against torch 2.13. Public replacement:
+    ``dist.barrier(group=g, async_op=True)`` on a registered group."""
+    work: dist.Work = group.barrier()  # type: ignore[attr-defined]
+    return work
+
+
+# -- what DistributedDataParallel does inside ------------------------------------------------
+
+
+def ddp_parameters(ddp: DistributedDataParallel) -> list[torch.nn.Parameter]:
+    """The parameters DDP's reducer averages, in the reducer's order (the order its buckets
+    and its comm hook see them in).
+
+    ``DistributedDataParallel._build_params_for_reducer()[0]``; checked against torch 2.13.
+    Public replacement: none (``module.parameters()`` differs for shared and ignored
+    parameters)."""
+    params: list[torch.nn.Parameter] = ddp._build_params_for_reducer()[0]  # type: ignore[no-untyped-call]
+    return params
+
+
+def ddp_use_process_group(ddp: DistributedDataParallel, group: dist.ProcessGroup) -> None:
+    """Run DDP's own collectives (bucket rebuild, used-parameter map, buffer sync) over
+    ``group`` from now on.
+
+    ``DistributedDataParallel._update_process_group``; checked against torch 2.13. Public
+    replacement: none."""
+    ddp._update_process_group(group)  # type: ignore[no-untyped-call]
+
+
+def ddp_delays_all_reduce(ddp: DistributedDataParallel) -> bool:
+    """Whether DDP all-reduces every gradient in a hook of its own after backward
+    (``delay_all_reduce_named_params`` covering all parameters), bypassing the comm hook.
+
+    ``DistributedDataParallel._delay_all_reduce_all_params``; checked against torch 2.13.
+    Public replacement: none."""
+    return bool(getattr(ddp, "_delay_all_reduce_all_params", False))
+
+
+def ddp_register_buffer_hook(
+    ddp: DistributedDataParallel,
+    state: Any,
+    hook: Callable[[Any, dict[str, torch.Tensor]], None],
+) -> None:
+    """Have ``hook(state, buffers)`` sync the module's buffers before each forward, in place
+    of DDP's broadcast over its own group.
+
+    ``DistributedDataParallel._register_buffer_comm_hook`` with
+    ``_BufferCommHookLocation.PRE_FORWARD``; checked against torch 2.13. Public replacement:
+    none (``broadcast_buffers=False`` and a broadcast in the script)."""
+    ddp._register_buffer_comm_hook(state, hook, _BufferCommHookLocation.PRE_FORWARD)
+
+
+def verify_params_across_processes(
+    group: dist.ProcessGroup, params: Sequence[torch.Tensor]
+) -> None:
+    """The check DDP's constructor runs over ``group``: every rank has as many parameters,
+    of the same shapes and strides, as rank 0 (raises otherwise). A replacement process
+    constructing DDP runs it, so survivors must meet it there.
+
+    ``torch.distributed._verify_params_across_processes``; checked against torch 2.13. Public
+    replacement: none."""
+    dist._verify_params_across_processes(group, list(params), None)  # type: ignore[attr-defined]
+
+
+def broadcast_coalesced(
+    group: dist.ProcessGroup, tensors: Sequence[torch.Tensor], bucket_size: int, src: int = 0
+) -> None:
+    """Copy rank ``src``'s ``tensors`` into every rank's, in place, packed into buckets of
+    ``bucket_size`` bytes: the broadcast DDP's constructor and its buffer sync run.
+
+    ``torch.distributed._broadcast_coalesced``; checked against torch 2.13. Public
+    replacement: ``dist.broadcast`` per tensor, which does not meet the collectives DDP's
+    constructor runs on a replacement process."""
+    dist._broadcast_coalesced(group, list(tensors), bucket_size, src)  # type: ignore[attr-defined]
+
+
+def foreach_div_(tensors: Sequence[torch.Tensor], divisor: float) -> None:
+    """Divide every tensor of ``tensors`` by ``divisor`` in place, in one call.
+
+    ``torch._foreach_div_``; checked against torch 2.13. Public replacement: ``t.div_(divisor)``
+    per tensor (the same values, one kernel launch per tensor)."""
+    torch._foreach_div_(list(tensors), divisor)
