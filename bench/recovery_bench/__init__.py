@@ -1,0 +1,1 @@
+"""The recovery benchmark's parts; ``bench/recovery.py`` is the command."""

@@ -1,0 +1,80 @@
+"""The benchmark's configurations (which tool, which job) and settings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent  # bench/
+JOBS = HERE / "jobs"
+STEPLOG = HERE / "steplog.py"
+WORLD = 4
+VICTIM = 3
+SCRIPT_NAME = "steplog.py"  # the job YAMLs name the training script by this file name
+
+# torchrun's agent reacting to a dead worker (elastic/multiprocessing/api.py, agent/server/api.py)
+TORCHRUN_REACTION = re.compile(r"failed \(exitcode|Worker group (FAILED|UNHEALTHY)|closing signal")
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    label: str
+    tool: str  # "unbroken" or "torchrun"
+    job: str | None = None  # YAML under bench/jobs (unbroken)
+    no_share_store: bool = False  # torchrun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    fault: str = "kill"  # the chaos kind fired in rank 3 after step K (Unbroken only)
+
+
+CONFIGS: tuple[Config, ...] = (
+    Config("unbroken-job", "Unbroken job-level rescheduling", "unbroken", "job-level.yaml"),
+    Config("unbroken-pod", "Unbroken pod-level rescheduling", "unbroken", "pod-level.yaml"),
+    Config("unbroken-inpod", "Unbroken in-pod restart", "unbroken", "in-pod.yaml"),
+    Config("unbroken-rip", "Unbroken recover-in-place", "unbroken", "recover-in-place.yaml"),
+    Config("unbroken-recover", "Unbroken recover", "unbroken", "recover.yaml"),
+    Config(
+        "unbroken-retry",
+        "Unbroken retry (device memory error)",
+        "unbroken",
+        "retry.yaml",
+        fault="memory",
+    ),
+    Config("unbroken-dump", "Unbroken dump, then pod-level", "unbroken", "dump.yaml"),
+    Config("torchrun", "torchrun (defaults)", "torchrun"),
+    Config(
+        "torchrun-nss",
+        "torchrun + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+        "torchrun",
+        no_share_store=True,
+    ),
+)
+BASELINES: tuple[Config, ...] = (
+    Config("unbroken", "Unbroken (job-level.yaml, no fault)", "unbroken", "job-level.yaml"),
+    Config("torchrun", "torchrun (defaults, no fault)", "torchrun"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    repeats: int
+    steps: int
+    kill_step: int
+    ckpt_every: int
+    step_sleep_s: float
+    recovery_timeout_s: float
+    run_timeout_s: float
+
+    @property
+    def expected_recomputed(self) -> int:
+        """Steps recomputed by a restart from the newest checkpoint (process-level: none)."""
+        return self.kill_step - (self.kill_step // self.ckpt_every) * self.ckpt_every
+
+    def script_args(self) -> list[str]:
+        return [
+            f"--steps={self.steps}",
+            "--ckpt-dir=checkpoints",
+            f"--ckpt-every={self.ckpt_every}",
+            f"--step-sleep={self.step_sleep_s}",
+            "--result=result.json",
+        ]
