@@ -31,6 +31,7 @@ from types import FrameType
 
 import torch
 
+from unbroken.worker.failure import DeviceMemoryError
 from unbroken.worker.linkfault import reset_links
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ CHAOS_DIR = "UNBROKEN_CHAOS_DIR"
 
 class InjectedFault(RuntimeError):
     """A fault injected on purpose (``unbroken inject exception`` or a chaos entry)."""
-
-
-class DeviceMemoryError(RuntimeError):
-    """An uncorrectable device memory error surfaced by an operation (simulated)."""
 
 
 #: The device fault code of an uncorrectable memory error (see unbroken/faults/codes.yaml).

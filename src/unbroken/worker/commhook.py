@@ -49,32 +49,24 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket, ProcessGroupGloo
 from torch.nn.parallel import DistributedDataParallel
-from torch.nn.parallel.distributed import _BufferCommHookLocation
 
+from unbroken.worker import torchapi
+from unbroken.worker.failure import SyncFailure
+from unbroken.worker.heartbeat import StepFailure
 from unbroken.worker.opretry import OpRetrier, wait_all
+from unbroken.worker.torchapi import GradBucket, ProcessGroupGloo
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SyncFailure:
-    """A gradient collective that failed: when, and what the backend said."""
-
-    reason: str
-    at: float  # time.time()
 
 
 def unsupported_reason(ddp: DistributedDataParallel) -> str | None:
     """Why this DDP module cannot have its gradients averaged by :class:`GradSync` (None: it
     can)."""
-    if ddp.mixed_precision is not None or getattr(ddp, "_delay_all_reduce_all_params", False):
+    if ddp.mixed_precision is not None or torchapi.ddp_delays_all_reduce(ddp):
         return "DDP runs its own gradient hook (mixed precision or delayed all-reduce)"
     if not ddp.require_backward_grad_sync:
         return "DDP's gradient synchronisation is switched off"
@@ -90,7 +82,7 @@ class GradSync:
 
     def __init__(self, ddp: DistributedDataParallel, group: dist.ProcessGroup) -> None:
         self.ddp = ddp
-        params: list[torch.nn.Parameter] = ddp._build_params_for_reducer()[0]  # type: ignore[no-untyped-call]
+        params = torchapi.ddp_parameters(ddp)
         self._index = {id(p): i for i, p in enumerate(params)}
         self._count = len(params)
         self.group: dist.ProcessGroup | None = group
@@ -114,9 +106,7 @@ class GradSync:
         sync = cls(ddp, group)
         ddp.register_comm_hook(sync, _allreduce_hook)
         if ddp.will_sync_module_buffers():  # type: ignore[no-untyped-call]
-            ddp._register_buffer_comm_hook(
-                sync, _broadcast_buffers_hook, _BufferCommHookLocation.PRE_FORWARD
-            )
+            torchapi.ddp_register_buffer_hook(ddp, sync, _broadcast_buffers_hook)
         sync.attach(group)
         return sync
 
@@ -128,13 +118,11 @@ class GradSync:
         try:
             if self.own is not None:
                 for buffer in buffers:
-                    self.own.broadcast([buffer]).wait()  # type: ignore[attr-defined]
+                    torchapi.gloo_broadcast(self.own, buffer).wait()
             elif self.group is None:
                 raise RuntimeError("no process group: this rank left it")
             else:
-                dist._broadcast_coalesced(  # type: ignore[attr-defined]
-                    self.group, buffers, self.ddp.broadcast_bucket_size, 0
-                )
+                torchapi.broadcast_coalesced(self.group, buffers, self.ddp.broadcast_bucket_size)
         except Exception as e:
             self._fail(e)
 
@@ -147,7 +135,7 @@ class GradSync:
         )
         # DDP keeps its process group only for its own collectives (bucket rebuild, used-map
         # and buffer syncs), none of which this configuration needs across ranks.
-        self.ddp._update_process_group(solo)  # type: ignore[no-untyped-call]
+        torchapi.ddp_use_process_group(self.ddp, solo)
         self._reset_round()
 
     def use_op_retry(self, retrier: OpRetrier, generation: int) -> None:
@@ -161,7 +149,7 @@ class GradSync:
     def barrier(self) -> None:
         """A barrier over the group the hook reduces over (an op retry replaced it)."""
         if self.own is not None:
-            self.own.barrier().wait()  # type: ignore[attr-defined]
+            torchapi.gloo_barrier(self.own).wait()
         else:
             dist.barrier(group=self.group)
 
@@ -170,7 +158,7 @@ class GradSync:
         it): what the session's agreement check runs on."""
         gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
         if self.own is not None:
-            self.own.allgather([gathered], [tensor]).wait()  # type: ignore[attr-defined]
+            torchapi.gloo_allgather(self.own, gathered, tensor).wait()
         elif self.group is None:
             raise RuntimeError("no process group: this rank left it")
         else:
@@ -227,7 +215,7 @@ class GradSync:
         try:
             if self.own is None:
                 raise RuntimeError("no process group: this rank left it")
-            work = self.own.allreduce([tensor])  # type: ignore[attr-defined]
+            work = torchapi.gloo_allreduce(self.own, tensor)
         except Exception as e:
             self._launch_error = e.with_traceback(None)
         else:
@@ -332,7 +320,7 @@ class GradSync:
             self.own = self.op_retry.reexecute(
                 tensors, [copy for _, copy in saved], error, self.step
             )
-        torch._foreach_div_(tensors, float(self.world_size))
+        torchapi.foreach_div_(tensors, float(self.world_size))
 
     def _finish(self) -> None:
         works, self._works = self._works, []
@@ -343,11 +331,12 @@ class GradSync:
             _drain(works)
             raise
         grads = [grad for _, grad in works]
-        torch._foreach_div_(grads, float(self.world_size))
+        torchapi.foreach_div_(grads, float(self.world_size))
 
     def fail_step(self, error: Exception) -> None:
         """Fail this step from outside the collectives (a device error found before them):
-        this rank shares no gradient and skips its update."""
+        this rank shares no gradient and skips its update. The failure's kind comes from
+        ``error`` (:mod:`unbroken.worker.failure`)."""
         self._fail(error)
 
     def _fail(self, error: Exception) -> None:
@@ -356,8 +345,7 @@ class GradSync:
         if self.failure is not None:  # the first failure of the step is the one to report
             logger.debug("another gradient all-reduce failed: %s", error)
             return
-        reason = " ".join(str(error).split()) or type(error).__name__
-        self.failure = SyncFailure(reason=f"{type(error).__name__}: {reason}", at=time.time())
+        self.failure = SyncFailure.of(error, StepFailure.COLLECTIVE)
         logger.warning("gradient all-reduce failed: %s", self.failure.reason)
 
     def _complete(self, *, zero: bool) -> None:

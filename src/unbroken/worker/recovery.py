@@ -75,11 +75,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore
 from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.checkpointer import Checkpointer
-from unbroken.worker.commhook import GradSync, SyncFailure, unsupported_reason
+from unbroken.worker.commhook import GradSync, unsupported_reason
+from unbroken.worker.failure import SyncFailure
 from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure, pack_op_retry
 from unbroken.worker.linkfault import OpenedLinks
 from unbroken.worker.mailbox import (
@@ -100,6 +100,14 @@ from unbroken.worker.opretry import (
 )
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.steprng import StepRng
+from unbroken.worker.torchapi import (
+    PrefixStore,
+    broadcast_coalesced,
+    ddp_parameters,
+    set_group_timeout,
+    unbind_default_group_arguments,
+    verify_params_across_processes,
+)
 from unbroken.worker.trainstate import TrainState
 
 logger = logging.getLogger(__name__)
@@ -317,21 +325,16 @@ class Recovery:
 
     def _failure_code(self) -> StepFailure:
         failure = self.failure
-        if failure is None:
-            return StepFailure.NONE
-        if failure.reason.startswith("DeviceMemoryError"):
-            return StepFailure.DEVICE_MEMORY
-        return StepFailure.UPDATE if self._update_failure is not None else StepFailure.COLLECTIVE
+        return StepFailure.NONE if failure is None else failure.kind
 
     def _update_failed(self, error: Exception) -> None:
-        reason = " ".join(str(error).split()) or type(error).__name__
-        self._update_failure = SyncFailure(f"{type(error).__name__}: {reason}", time.time())
+        self._update_failure = failure = SyncFailure.of(error, StepFailure.UPDATE)
         self._suspect = True
         logger.error(
             "rank %d: the optimizer update of step %d failed (%s); its state is suspect",
             self.rank,
             self._step,
-            reason,
+            failure.message,
         )
 
     # -- recovering --------------------------------------------------------------------------
@@ -456,7 +459,7 @@ class Recovery:
         self.sync.detach()
         if self.checkpointer is not None:
             self.checkpointer.use_group(None)
-        _unbind_default_arguments()
+        unbind_default_group_arguments()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -568,17 +571,14 @@ class Recovery:
         that a replacement process constructing DDP meets its peers there. Received into
         copies: this rank's state stays as it is."""
         group = _default_group()
-        params = self.ddp._build_params_for_reducer()[0]  # type: ignore[no-untyped-call]
-        dist._verify_params_across_processes(group, params, None)  # type: ignore[attr-defined]
+        verify_params_across_processes(group, ddp_parameters(self.ddp))
         ignore = self.ddp.parameters_to_ignore
         module = self.ddp.module
         copies = [p.detach().clone() for name, p in module.named_parameters() if name not in ignore]
         if self.ddp.forward_sync_buffers:  # then DDP's constructor broadcast the buffers too
             copies += [b.detach().clone() for n, b in module.named_buffers() if n not in ignore]
         if copies:
-            dist._broadcast_coalesced(  # type: ignore[attr-defined]
-                group, copies, self.ddp.broadcast_bucket_size, 0
-            )
+            broadcast_coalesced(group, copies, self.ddp.broadcast_bucket_size)
 
     def _heartbeat(self, **values: Any) -> None:
         if self.heartbeat is not None:
@@ -600,24 +600,9 @@ def _default_group() -> dist.ProcessGroup:
     return group
 
 
-def _unbind_default_arguments() -> None:
-    """``torch.distributed.nn.functional`` (imported by DDP's constructor) binds the default
-    group of the moment as a default argument of its functions, which keeps that group, and
-    its connections, alive for good. ``None`` means the same (the current default group)."""
-    module = sys.modules.get("torch.distributed.nn.functional")
-    if module is None:
-        return
-    for value in vars(module).values():
-        defaults = getattr(value, "__defaults__", None)
-        if isinstance(defaults, tuple) and any(isinstance(d, dist.ProcessGroup) for d in defaults):
-            value.__defaults__ = tuple(
-                None if isinstance(d, dist.ProcessGroup) else d for d in defaults
-            )
-
-
 def _set_timeout(timeout_s: float) -> None:
     """Give the default group a finite timeout: a hung peer must fail the step, not hang it."""
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), _default_group())
+    set_group_timeout(_default_group(), timedelta(seconds=timeout_s))
 
 
 def _wrap_optimizer_step(optimizer: torch.optim.Optimizer, recovery: Recovery) -> None:
