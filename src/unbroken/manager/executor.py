@@ -11,6 +11,12 @@ the process group under the store prefix of the new generation. In a data-parall
 healthy ranks of a broken world cannot continue without process-level recovery, so an in-pod
 restart of the faulty pod is a restart of the world's processes, each on its own node, from the
 latest checkpoint.
+
+The executor owns the scheduler's cluster state and the policy's state; it reaches the job
+manager only through :class:`ExecutorHost`. Multi-step rungs (rejoin, last words) are values
+advanced by the pure steps of :mod:`unbroken.manager.rungs`. Every outcome it feeds back to the
+policy names the policy generation of the rung it belongs to, so an outcome of a rung the policy
+has given up is ignored as stale.
 """
 
 from __future__ import annotations

@@ -4,19 +4,20 @@ It runs in the control plane process, never in a training pod, so the death of r
 takes neither the store nor the manager with it. One thread (the loop in :meth:`JobManager.run`)
 owns all state; RPC handlers, the device watcher and timers only post messages to its inbox.
 
-Detection (DESIGN section 3):
+This module keeps the I/O and the loop; the parts it feeds are pure or narrow:
 
-- a rank exit is reported by its agent at once (signal, exit status, traceback);
-- a rank that exits because a *peer* died (gloo's "connection closed") is an echo: it is held
-  back (``settle_s``, or until a silent agent would be declared lost) so that the first fault,
-  not its echo, is the one handled;
-- a hang is reported by the agent when a rank's liveness tick stops (SIGSTOP, a wedged process);
-- a node is lost when its agent misses heartbeats for ``agent_timeout_s``;
-- a device fault comes from the health provider, polled every ``listWatchPeriod``.
+- agents' messages arrive as typed reports (:mod:`unbroken.protocol.messages`), matched on type;
+- :mod:`unbroken.manager.detector` turns reports into faults (DESIGN section 3): a rank exit,
+  a failed step, a hang (its tick and its steps stopped for three step times), a lost node (its
+  agent silent for ``agent_timeout_s``) and a device fault; echoes of a peer's death are held
+  back so that the first fault, not its echo, is the one handled;
+- :mod:`unbroken.manager.executor` carries out the policy's decisions through a narrow
+  interface to this manager (:class:`~unbroken.manager.executor.ExecutorHost`);
+- :mod:`unbroken.chaos.injector` injects the faults of ``--chaos`` and ``unbroken inject``.
 
 Reports from an older generation than the current one are echoes of a fault already handled.
-Decisions come from :func:`unbroken.policy.decide`; this module only executes them
-(:mod:`unbroken.manager.executor`) and records every fact in the ledger.
+Decisions come from :func:`unbroken.policy.decide`; every fact is recorded in the ledger. The
+wall clock is an argument (``clock``), so a component test drives the loop with a fake one.
 """
 
 from __future__ import annotations
