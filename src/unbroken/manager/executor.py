@@ -227,6 +227,12 @@ class Executor:
             d = decide(before, ev, self.fh, now)
             self.policy_state = d.state
             self._rung = d.state.generation if isinstance(d.state, Recovering) else None
+            if self.pending_rejoin is not None and self.stale(self.pending_rejoin.rung):
+                # The rung that paused the ranks was given up: its rejoin must not go out
+                # beside what the new rung does. (Last words under way are kept: the new
+                # decision's commands wait for them, see _run.)
+                self.console.line("the rejoin under way is dropped: its rung was given up")
+                self.pending_rejoin = None
             if self.held is not None and _new_rung(before, d.state):
                 self.held = None  # the commands held back were for a rung given up
             if not d.commands:

@@ -16,7 +16,7 @@ from unbroken.manager.job import JobManager
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.service import Inbound
-from unbroken.policy import Recovering, Running
+from unbroken.policy import Recovering, RecoveryFailed, Running
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.messages import (
@@ -33,7 +33,9 @@ from unbroken.protocol.messages import (
     RanksStarted,
     RejoinRanks,
     Report,
+    RestartRanks,
     Sender,
+    WriteLastWords,
     decode_answer,
     decode_order,
     encode_report,
@@ -282,3 +284,66 @@ def test_reports_of_an_older_generation_are_echoes_of_a_fault_already_handled(
     a0.send(RankExited(rank=0, pid=2000, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
     job.tick(1.0)
     assert job.events("FaultDetected") == []
+
+
+def test_a_second_fault_starts_the_next_rung_and_the_first_rungs_outcomes_are_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE, Strategy.DUMP)
+    a0, a1 = job.agents
+    a1.send(RankExited(rank=3, pid=2003, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
+    job.tick()
+    first = job.m.executor.policy_state
+    assert isinstance(first, Recovering) and str(first.rung) == "recover-in-place"
+    assert a1.orders() == [EndRanks((3,)), PauseRanks()] and a0.orders() == [PauseRanks()]
+
+    # While the healthy ranks pause, rank 1 is killed too: the next rung is last words, then
+    # an in-pod restart of every rank (no rescheduling is allowed for this job).
+    job.clock.advance(0.1)
+    a0.send(RankExited(rank=1, pid=2001, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
+    job.tick()
+    second = job.m.executor.policy_state
+    assert isinstance(second, Recovering) and second.generation == first.generation + 1
+    decision = job.events("DecisionMade")[-1]
+    assert decision["strategy"] == str(second.rung)
+    commands = [c.split("(")[0] for c in decision["commands"]]
+    assert commands == ["DumpLastWords", "RestartProcesses", "RestartProcesses"]  # one per pod
+    assert a0.orders() == [EndRanks((1,)), PauseRanks()]
+    assert a1.orders() == [EndRanks((3,)), PauseRanks()]
+
+    # An outcome of the rung given up changes nothing.
+    stale = RecoveryFailed(reason="late", at=job.clock(), generation=first.generation)
+    job.m.executor.policy(stale, job.clock())
+    assert job.m.executor.policy_state == second
+    assert len(job.events("DecisionMade")) == 2
+
+    # The healthy replicas stop; the most advanced writes its last words.
+    a0.rank_pids.pop(1)
+    a1.rank_pids.pop(3)
+    a0.beat(Phase.STOPPING, committed=10)
+    a1.beat(Phase.STOPPING, committed=11)
+    job.tick()
+    # (The first rung's rejoin, under way when it was given up, never goes out.)
+    assert a1.orders() == [WriteLastWords(rank=2)] and a0.orders() == []
+    job.clock.advance(0.5)
+    record = HeartbeatRecord(
+        pid=2002,
+        rank=2,
+        phase=Phase.STOPPING,
+        tick_at=job.clock(),
+        committed=11,
+        recoverable=1,
+        dumped_step=11,
+        dumped_at=job.clock(),
+    )
+    a1.send(AgentHeartbeat(ranks=(RankProgress(rank=2, pid=2002, alive=True, record=record),)))
+    job.tick()
+    (saved,) = job.events("CheckpointSaved")
+    assert saved["step"] == 11 and saved["last_words"]
+
+    # Then the restart the decision held back, in a generation that names the second rung.
+    # (Each pod's restart command restarts every rank: the last generation is the one run.)
+    gen = job.m.generation
+    restarts = [RestartRanks(generation=g, master_port=29500 + g) for g in (gen - 1, gen)]
+    assert a0.orders() == restarts and a1.orders() == restarts
+    assert job.m.executor.rung_of(gen) == second.generation
