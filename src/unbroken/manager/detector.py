@@ -11,7 +11,7 @@ Every fault the job manager hands to the policy is built here, from a typed repo
   (:class:`~unbroken.protocol.kinds.StepFailure`); a device memory error is retryable, a failed
   update is an exception;
 - a hang (:class:`RankHung`), a lost node (its agent fell silent), a device fault from the
-  health provider.
+  health provider (on a device no rank of the job runs on: :class:`IdleDeviceFault`).
 
 Echoes. When a rank dies, its peers' collectives fail too: they exit with gloo's "connection
 closed" (the agent sets ``peer_failure``) or, when they can recover in process, report a failed
@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from unbroken.faults import CodeTable, Fault, FaultKind
+from unbroken.devices import DeviceFaulted
+from unbroken.faults import CodeTable, Fault, FaultKind, FaultLevel
 from unbroken.protocol.kinds import DIVERGED_CODE, HEARTBEAT_TIMEOUT_CODE, StepFailure
 from unbroken.protocol.messages import RankExited, RankFailed, RankHung
 
@@ -153,29 +154,39 @@ def node_lost_fault(
     )
 
 
+@dataclass(frozen=True)
+class IdleDeviceFault:
+    """A device that holds no rank of this job failed (a spare node's, or one a pod left):
+    training is not touched; an isolating level takes it out of the pool."""
+
+    node: str
+    device: int
+    code: str
+    level: FaultLevel
+
+
 def device_fault(
-    node: str,
-    device: int,
-    code: str | None,
-    detail: str,
-    occurred_at: float,
-    pod: str,
-    rank: int,
-    codes: CodeTable,
-) -> Fault:
-    """The fault of a device that holds ``rank`` of ``pod``, from the health provider."""
-    code = code or "unknown"
+    event: DeviceFaulted, holder: tuple[str, int] | None, codes: CodeTable
+) -> Fault | IdleDeviceFault:
+    """The fault of a device the health provider reports faulty; ``holder``: the pod and rank
+    that run on the device (None: no rank of this job)."""
+    code = event.code or "unknown"
     kind = codes.kind_for(code)
+    level = codes.level_for(kind, code)
+    if holder is None:
+        return IdleDeviceFault(event.node, event.device, code, level)
+    pod, rank = holder
     return Fault(
         kind=kind,
-        level=codes.level_for(kind, code),
+        level=level,
         code=code,
-        at=occurred_at,
-        node=node,
+        at=event.occurred_at,
+        node=event.node,
         pod=pod,
         ranks=(rank,),
-        device=device,
-        detail=f"device {device} of {node} reported {code}" + (f": {detail}" if detail else ""),
+        device=event.device,
+        detail=f"device {event.device} of {event.node} reported {code}"
+        + (f": {event.detail}" if event.detail else ""),
     )
 
 
@@ -248,6 +259,7 @@ class Detector:
 __all__ = [
     "Detector",
     "Held",
+    "IdleDeviceFault",
     "Where",
     "device_fault",
     "diverged",

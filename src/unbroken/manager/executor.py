@@ -44,7 +44,7 @@ from unbroken.ledger import (
     PodsStopped,
 )
 from unbroken.manager.console import Console
-from unbroken.manager.detector import device_fault
+from unbroken.manager.detector import IdleDeviceFault, device_fault
 from unbroken.manager.incident import Incident
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
 from unbroken.manager.pods import (
@@ -594,29 +594,11 @@ class Executor:
     def device_event(self, event: Any) -> None:
         now = self.clock()
         if isinstance(event, DeviceFaulted):
-            pod = self.cluster.pod_on(event.node)
-            ranks: tuple[int, ...] = ()
-            binding = self.cluster.bindings.get(pod) if pod else None
-            if pod is not None and binding is not None and event.device in binding.devices:
-                local = binding.devices.index(event.device)
-                ranks = (self.job.ranks_of(pod)[local],)
-            else:
-                pod = None  # the device holds no rank of this job
-            if pod is None or not ranks:
-                code = event.code or "unknown"
-                self._idle_device_fault(event.node, event.device, code, self.codes.kind_for(code))
-                return
-            fault = device_fault(
-                event.node,
-                event.device,
-                event.code,
-                event.detail,
-                event.occurred_at,
-                pod,
-                ranks[0],
-                self.codes,
-            )
-            self.m.fault_detected(fault, now)
+            match device_fault(event, self._holder(event.node, event.device), self.codes):
+                case IdleDeviceFault() as idle:
+                    self._idle_device_fault(idle)
+                case Fault() as fault:
+                    self.m.fault_detected(fault, now)
         elif isinstance(event, DeviceRecovered) and (
             self.cl.auto_stowing and self.cluster.device_isolated(event.node, event.device)
         ):
@@ -628,11 +610,18 @@ class Executor:
             )
             self.console.line(f"device {event.device} of {event.node} back in the pool")
 
-    def _idle_device_fault(self, node: str, device: int, code: str, kind: FaultKind) -> None:
-        """A device that holds no rank of this job failed (a spare node's, or one a pod left):
-        training is not touched; an isolating level takes the device out of the pool so that
-        no pod is placed on it."""
-        level = self.codes.level_for(kind, code)
+    def _holder(self, node: str, device: int) -> tuple[str, int] | None:
+        """The pod and rank of this job that run on ``device`` of ``node``, if any."""
+        pod = self.cluster.pod_on(node)
+        binding = self.cluster.bindings.get(pod) if pod else None
+        if pod is None or binding is None or device not in binding.devices:
+            return None
+        return pod, self.job.ranks_of(pod)[binding.devices.index(device)]
+
+    def _idle_device_fault(self, idle: IdleDeviceFault) -> None:
+        """Training is not touched; an isolating level takes the device out of the pool so
+        that no pod is placed on it."""
+        node, device, code, level = idle.node, idle.device, idle.code, idle.level
         self.ledger.record_raw(
             "IdleDeviceFault",
             {"node": node, "device": device, "code": code, "level": str(level)},

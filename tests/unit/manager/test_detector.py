@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from unbroken.faults import CodeTable, FaultKind, FaultLevel
-from unbroken.manager.detector import Detector, Where, device_fault, diverged, exit_fault
+from unbroken.devices import DeviceFaulted
+from unbroken.faults import CodeTable, Fault, FaultKind, FaultLevel
+from unbroken.manager.detector import (
+    Detector,
+    IdleDeviceFault,
+    Where,
+    device_fault,
+    diverged,
+    exit_fault,
+)
 from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.messages import RankExited, RankFailed, RankHung
 
@@ -113,12 +121,32 @@ def test_a_lost_node_takes_every_rank_of_its_pod() -> None:
     assert fault.detail == "node node-1 lost: its agent missed heartbeats"
 
 
+def _device_event(code: str | None, detail: str = "") -> DeviceFaulted:
+    return DeviceFaulted(
+        node="node-1", device=1, code=code, detail=detail, at=T0 + 1, occurred_at=T0
+    )
+
+
 def test_a_device_fault_names_the_rank_on_the_device() -> None:
-    fault = device_fault("node-1", 1, "80E01801", "injected", T0, POD.pod, 3, CODES)
-    assert (fault.kind, fault.ranks, fault.device) == (FaultKind.DEVICE_MEMORY, (3,), 1)
+    fault = device_fault(_device_event("80E01801", "injected"), (POD.pod, 3), CODES)
+    assert isinstance(fault, Fault)
+    assert (fault.kind, fault.ranks, fault.device, fault.at) == (
+        FaultKind.DEVICE_MEMORY,
+        (3,),
+        1,
+        T0,
+    )
     assert fault.detail == "device 1 of node-1 reported 80E01801: injected"
-    unknown = device_fault("node-1", 0, None, "", T0, POD.pod, 2, CODES)
+    unknown = device_fault(_device_event(None), (POD.pod, 2), CODES)
+    assert isinstance(unknown, Fault)
     assert (unknown.code, unknown.level) == ("unknown", FaultLevel.RESTART_BUSINESS)
+
+
+def test_a_device_no_rank_runs_on_is_an_idle_fault() -> None:
+    idle = device_fault(_device_event("80E01801"), None, CODES)
+    assert idle == IdleDeviceFault(
+        "node-1", 1, "80E01801", CODES.level_for(FaultKind.DEVICE_MEMORY, "80E01801")
+    )
 
 
 # ---- echoes of a peer's death ---------------------------------------------------------------
