@@ -1,6 +1,12 @@
 """Events the executor feeds to :func:`unbroken.policy.decision`: past facts.
 
 ``at`` fields are wall-clock stamps (``time.time()`` units) of when the fact happened.
+
+Outcome events (``RecoveryCompleted``, ``RecoveryFailed``, ``PodUnschedulable``,
+``ReplacementReady``) name the ``generation`` of the rung they belong to, as the policy gave it
+in :class:`~unbroken.policy.states.Recovering`; the job manager's executor tags each rung's work
+with it. An outcome of a rung the policy has since given up is then stale and ignored (row V10
+of :mod:`unbroken.policy.decision`); None: unknown, taken as current.
 """
 
 from __future__ import annotations
