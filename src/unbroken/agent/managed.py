@@ -32,10 +32,9 @@ import logging
 import os
 import queue
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, assert_never
@@ -43,7 +42,14 @@ from typing import Any, assert_never
 from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
-from unbroken.agent.ranks import RankExit, RankProcess, rank_argv, start_standby
+from unbroken.agent.ranks import (
+    RankExit,
+    RankProcess,
+    Zygote,
+    rank_argv,
+    reap_orphans,
+    start_zygote,
+)
 from unbroken.protocol.heartbeat import HeartbeatReader, HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.mailbox import MailboxWriter
@@ -89,7 +95,7 @@ class AgentSettings:
     heartbeat_interval_s: float = 0.1
     hang: HangSettings = dataclasses.field(default_factory=HangSettings)
     control_timeout_s: float = 10.0
-    standby: bool = True  # keep a warm process per rank slot (UNBROKEN_STANDBY=0: off)
+    standby: bool = True  # keep a zygote that forks ranks warm (UNBROKEN_STANDBY=0: off)
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> AgentSettings | None:
@@ -108,13 +114,6 @@ class AgentSettings:
             ),
             standby=env.get("UNBROKEN_STANDBY", "1") != "0",
         )
-
-
-#: Warm standbys an agent keeps once its ranks train. One: the common fault takes one rank
-#: (``recover-in-place``); a pod lost whole is replaced on a free node, whose spare agent has a
-#: standby per rank slot (:mod:`unbroken.agent.spare`). On a small machine every standby's
-#: torch import competes with the ranks, so more would cost the job more than they save.
-STANDBYS_PER_AGENT = 1
 
 
 class AgentExit(Exception):
@@ -144,8 +143,12 @@ class ManagedAgent:
         self._ended_after_failure: set[int] = set()
         self.pod_dir = settings.run_dir / "pods" / settings.pod
         self.use_standby = settings.standby and not args.no_python
-        self._standbys: list[subprocess.Popen[bytes]] = []  # warm processes, any slot
-        self._refill_at: float | None = None
+        # One zygote (unbroken.agent.standby) forks every rank this agent starts, once it is
+        # warm; a spare agent's comes with it (unbroken.agent.spare).
+        self._zygote: Zygote | None = None
+        self._zygote_at: float | None = None  # start one once the ranks train, or then
+        self._unannounced: Callable[[dict[int, int]], Report] | None = None
+        self._reap_at = 0.0
 
     # ---- control plane ----------------------------------------------------------------
     def _send(self, report: Report) -> dict[str, Any]:
@@ -204,7 +207,7 @@ class ManagedAgent:
             env=env,
             log_path=self.pod_dir / "logs" / f"rank{rank}.log",
             on_exit=self._exits.put,
-            standby=self._take_standby(),
+            zygote=self._live_zygote(),
         )
         self.ranks[rank] = proc
         self._readers[rank] = HeartbeatReader(hb)
@@ -219,11 +222,10 @@ class ManagedAgent:
         self._mailboxes.clear()
         for local in range(self.args.nproc_per_node):
             self._start_rank(local, generation, join=False)
-        # New standbys start once these ranks train: on two cores, importing torch for a
-        # standby beside ranks that import it too would slow down the start being made now.
-        self._refill_at = time.monotonic() + 30.0
-        pids = {r: p.pid for r, p in self.ranks.items()}
-        self._send(RanksStarted(pids=pids, started_at=self._started_at()))
+        # A new zygote (when there is none) starts once these ranks train: on two cores,
+        # importing torch for it beside ranks that import it too would slow down this start.
+        self._zygote_at = time.monotonic() + 30.0
+        self._announce(lambda pids: RanksStarted(pids=pids, started_at=self._started_at()))
 
     def _started_at(self) -> float:
         return max(p.started_at for p in self.ranks.values())
@@ -262,51 +264,60 @@ class ManagedAgent:
                 self._post_rejoin(rank, order)
         for rank in replace:
             self._post_rejoin(rank, order)
-        self._refill_at = time.monotonic() + 30.0
-        pids = {r: p.pid for r, p in self.ranks.items()}
-        self._send(RanksRejoined(pids=pids, joined=replace, started_at=self._started_at()))
+        self._zygote_at = time.monotonic() + 30.0
+        self._announce(
+            lambda pids: RanksRejoined(pids=pids, joined=replace, started_at=self._started_at())
+        )
 
-    def _refill_standbys(self) -> None:
-        if not self.use_standby or self._refill_at is None:
+    def _announce(self, report: Callable[[dict[int, int]], Report]) -> None:
+        """Send the report of ranks just started once every rank has its pid: a rank forked
+        by the zygote gets it a moment after the order, or once the zygote's imports are done
+        (a replacement started meanwhile supersedes the report not sent yet)."""
+        self._unannounced = report
+        self._announce_ranks()
+
+    def _announce_ranks(self) -> None:
+        if self._unannounced is None or any(p.pending for p in self.ranks.values()):
+            return
+        report, self._unannounced = self._unannounced, None
+        self._send(report({r: p.pid for r, p in self.ranks.items()}))
+
+    def _keep_zygote(self) -> None:
+        """Start a zygote when there is none (or it died) once the ranks train."""
+        if not self.use_standby or self._zygote_at is None:
             return
         training = all(
             (snap := self._readers[r].read()) is not None and snap.first_commit_at > 0
             for r in self.ranks
         )
-        if not training and time.monotonic() < self._refill_at:
+        if not training and time.monotonic() < self._zygote_at:
             return
-        self._refill_at = None
-        env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
-        env.setdefault("OMP_NUM_THREADS", "1")
-        self._standbys = [sb for sb in self._standbys if sb.poll() is None]
-        while len(self._standbys) < STANDBYS_PER_AGENT:
-            self._standbys.append(start_standby(env, self.pod_dir / "logs" / "standby.log"))
+        self._zygote_at = None
+        if self._live_zygote() is None:
+            env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
+            env.setdefault("OMP_NUM_THREADS", "1")
+            self._zygote = start_zygote(env, self.pod_dir / "logs" / "standby.log")
 
-    def _take_standby(self) -> subprocess.Popen[bytes] | None:
-        while self._standbys:
-            sb = self._standbys.pop(0)
-            if sb.poll() is None:
-                return sb
-            sb.wait()
-        return None
+    def _live_zygote(self) -> Zygote | None:
+        if self._zygote is not None and not self._zygote.alive:
+            self._drop_zygote()
+        return self._zygote
 
-    def adopt_standbys(self, standbys: list[subprocess.Popen[bytes]]) -> None:
-        """Take warm standbys started before this agent existed (a spare pod's, one per
-        rank slot: :mod:`unbroken.agent.spare`)."""
-        for sb in standbys:
-            if self.use_standby and sb.poll() is None:
-                self._standbys.append(sb)
-            else:
-                if sb.poll() is None:
-                    sb.kill()
-                sb.wait()
+    def adopt_zygote(self, zygote: Zygote | None) -> None:
+        """Take a zygote started before this agent existed (a spare pod's:
+        :mod:`unbroken.agent.spare`)."""
+        if zygote is None:
+            return
+        if self.use_standby and zygote.alive:
+            self._drop_zygote()
+            self._zygote = zygote
+        else:
+            zygote.close()
 
-    def _drop_standbys(self) -> None:
-        for sb in self._standbys:
-            if sb.poll() is None:
-                sb.kill()
-            sb.wait()
-        self._standbys.clear()
+    def _drop_zygote(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
 
     def _stop_ranks(self, grace_s: float | None) -> None:
         live = [p for p in self.ranks.values() if p.alive]
@@ -375,11 +386,12 @@ class ManagedAgent:
         try:
             return self._loop(tick_s, next_hb)
         finally:
-            self._drop_standbys()
+            self._drop_zygote()
 
     def _loop(self, tick_s: float, next_hb: float) -> int:
         try:
             while True:
+                self._announce_ranks()
                 self._drain_exits()
                 if self.done and len(self.done) == self.args.nproc_per_node:
                     self._send(PodFinished(without_session=tuple(self._without_session())))
@@ -388,7 +400,10 @@ class ManagedAgent:
                 if code is not None:
                     return code
                 self._check_hangs()
-                self._refill_standbys()
+                self._keep_zygote()
+                if time.monotonic() >= self._reap_at:
+                    reap_orphans()  # descendants of ranks, come to this subreaper
+                    self._reap_at = time.monotonic() + 1.0
                 if time.monotonic() >= next_hb:
                     self._send(AgentHeartbeat(ranks=self._progress()))
                     next_hb = time.monotonic() + self.s.heartbeat_interval_s

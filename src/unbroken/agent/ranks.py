@@ -5,14 +5,24 @@ A rank's stdout and stderr go to its own log file per incarnation. When a rank e
 Python traceback taken from the log, or success. A rank that died because a *peer* died (gloo
 reports the closed connection) is marked ``peer_failure`` so the manager can tell the first fault
 from its echoes.
+
+A rank starts either as a new Python process or forked from the agent's zygote
+(:mod:`unbroken.agent.standby`, torch already imported). A forked rank is the agent's child
+too: the agent is a child subreaper and the zygote forks through an intermediate process that
+exits at once, so the exit status (negative for a signal, as :class:`subprocess.Popen` says it)
+comes from the agent's own ``waitpid`` of that pid, in the rank's watcher thread and nowhere
+else; :func:`reap_orphans` reaps only children no watcher claims.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import ctypes
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -101,8 +111,178 @@ def extract_traceback(log_path: Path, max_bytes: int = 64 * 1024, start: int = 0
     return "\n".join(text.strip().splitlines()[-20:])
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper: bool | None = None
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): orphaned descendants become its children,
+    so a rank the zygote forks (and whose parent exits at once) is this process's child. False
+    where that is not possible."""
+    global _subreaper
+    if _subreaper is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            _subreaper = False
+    return _subreaper
+
+
+#: Children of this process that a watcher waits for (ranks, zygotes); any other child that
+#: exits is an orphaned descendant come to this subreaper, and :func:`reap_orphans` reaps it.
+_waited: set[int] = set()
+_orphans_seen: set[int] = set()
+
+
+def _children() -> set[int]:
+    out: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children") as f:
+            out.update(int(p) for p in f.read().split())
+    return out
+
+
+def reap_orphans() -> int:
+    """Reap exited children nobody waits for: descendants of ranks whose parent died, which
+    come to this process as their subreaper. A child must be seen exited and unclaimed on two
+    calls first, since a rank the zygote forks is this process's child a moment before it
+    hears the rank's pid. The number reaped."""
+    global _orphans_seen
+    if not _subreaper:
+        return 0
+    try:
+        unclaimed = _children() - _waited
+    except OSError:
+        return 0
+    exited = set()
+    for pid in unclaimed:
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                exited.add(pid)
+    reaped = 0
+    for pid in exited & _orphans_seen:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped += 1
+    _orphans_seen = exited - _orphans_seen
+    return reaped
+
+
+class _Spawn:
+    """A rank ordered from a zygote: its pid once forked, None if the zygote could not."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self._done = threading.Event()
+
+    def resolve(self, pid: int | None) -> None:
+        self.pid = pid
+        self._done.set()
+
+    def wait(self) -> int | None:
+        self._done.wait()
+        return self.pid
+
+
+class Zygote:
+    """The agent's side of a zygote (:mod:`unbroken.agent.standby`): orders go out on its
+    stdin from a writer thread (the agent never blocks on a zygote still importing), replies
+    come back on a pipe to a reader thread, one per order, in order."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], replies: int) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self._replies = replies
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Spawn] = collections.deque()
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._ready = threading.Event()
+        self._gone = False
+        threading.Thread(target=self._write, name="zygote-orders", daemon=True).start()
+        threading.Thread(target=self._read, name="zygote-replies", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._gone and self.proc.poll() is None
+
+    @property
+    def ready(self) -> bool:
+        """Its imports are done: an order now is forked in milliseconds."""
+        return self._ready.is_set() and self.alive
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        return self._ready.wait(timeout_s) and self.alive
+
+    def order(self, order: Mapping[str, object]) -> _Spawn:
+        spawn = _Spawn()
+        with self._lock:
+            if self._gone:
+                spawn.resolve(None)
+            else:
+                self._pending.append(spawn)
+                self._outbox.put((json.dumps(order) + "\n").encode())
+        return spawn
+
+    def _write(self) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        while (line := self._outbox.get()) is not None:
+            try:
+                stdin.write(line)
+                stdin.flush()
+            except (OSError, ValueError):
+                break  # the zygote is gone; its reply pipe says so
+        with contextlib.suppress(OSError, ValueError):
+            stdin.close()
+
+    def _read(self) -> None:
+        with os.fdopen(self._replies, "rb") as replies:
+            for raw in replies:
+                line = raw.decode(errors="replace").strip()
+                if line == "ready":
+                    self._ready.set()
+                    continue
+                pid = int(line[4:]) if line.startswith("pid ") else None
+                if pid is not None:
+                    _waited.add(pid)
+                with self._lock:
+                    spawn = self._pending.popleft() if self._pending else None
+                if spawn is not None:
+                    spawn.resolve(pid)
+                if line.startswith("error"):
+                    log.warning("zygote %d: %s", self.pid, line)
+        with self._lock:
+            self._gone = True
+            pending, self._pending = list(self._pending), collections.deque()
+        for spawn in pending:
+            spawn.resolve(None)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Let the zygote go: end of its input, and it exits. One that still has orders to
+        serve would fork ranks nobody waits for: it is killed at once, with its process group
+        (an intermediate process it is forking with)."""
+        self._outbox.put(None)
+        with self._lock:
+            pending = bool(self._pending)
+        try:
+            self.proc.wait(0.0 if pending else timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self.proc.wait()
+        _waited.discard(self.pid)
+
+
 class RankProcess:
-    """A started rank. ``on_exit`` is called once, from a watcher thread, when it exits."""
+    """A started rank. ``on_exit`` is called once, from a watcher thread, when it exits.
+
+    With a ``zygote`` the rank is forked from it and comes to this process as an orphan (this
+    process is a child subreaper); until the zygote says its pid (milliseconds, or the rest of
+    the zygote's imports) the rank is *pending*: ``pid`` is 0. A pending rank that is signalled
+    never runs: it counts as ended by that signal at once (``pid`` 0 in its exit) and its
+    process, when it comes, is killed. If the zygote dies before forking it, the rank is started
+    as a new process instead."""
 
     def __init__(
         self,
@@ -114,7 +294,7 @@ class RankProcess:
         env: Mapping[str, str],
         log_path: Path,
         on_exit: Callable[[RankExit], None],
-        standby: subprocess.Popen[bytes] | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
@@ -128,36 +308,90 @@ class RankProcess:
         )
         self._log_file.flush()
         self.log_start = self._log_file.tell()  # this incarnation's output starts here
-        if standby is not None and standby.poll() is None and standby.stdin is not None:
-            # A warm process with torch imported takes the rank (see unbroken.agent.standby).
+        self._argv, self._env = argv, dict(env)
+        self._lock = threading.Lock()
+        self._exited = threading.Event()
+        self._ended_pending: signal.Signals | None = None
+        self._returncode: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._spawn: _Spawn | None = None
+        self.pid = 0
+        if zygote is not None and zygote.alive:
             module = "-m" in argv[:3]
             rest = argv[3:] if module else argv[2:]
-            order = {
-                "argv": rest,
-                "module": module,
-                "env": dict(env),
-                "cwd": os.getcwd(),
-                "log": str(log_path),
-            }
-            standby.stdin.write((json.dumps(order) + "\n").encode())
-            standby.stdin.close()
-            self._proc = standby
-        else:
-            self._proc = subprocess.Popen(
-                argv,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            self._spawn = zygote.order(
+                {
+                    "argv": rest,
+                    "module": module,
+                    "env": self._env,
+                    "cwd": os.getcwd(),
+                    "log": str(log_path),
+                }
             )
-        self.pid = self._proc.pid
+        else:
+            self._start_cold()
         self._on_exit = on_exit
         self._watcher = threading.Thread(target=self._watch, name=f"rank{rank}-watch", daemon=True)
         self._watcher.start()
 
+    def _start_cold(self) -> None:
+        self._proc = subprocess.Popen(
+            self._argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _waited.add(self._proc.pid)
+        self.pid = self._proc.pid
+
+    @property
+    def pending(self) -> bool:
+        """Ordered from a zygote that has not said the rank's pid yet."""
+        return self.pid == 0 and self._ended_pending is None and not self._exited.is_set()
+
     def _watch(self) -> None:
-        returncode = self._proc.wait()
+        if self._spawn is not None:
+            pid = self._spawn.wait()
+            with self._lock:
+                ended = self._ended_pending
+                if ended is None:
+                    if pid is not None:
+                        self.pid = pid
+                    else:
+                        log.warning("rank %d: the zygote is gone; starting it anew", self.rank)
+                        self._start_cold()
+            if ended is not None:
+                if pid is not None:  # too late: it was ended before it came
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+                    _waited.discard(pid)
+                return
+        returncode = self._proc.wait() if self._proc is not None else self._reap(self.pid)
+        _waited.discard(self.pid)
+        self._report(returncode)
+
+    def _reap(self, pid: int) -> int:
+        """Wait for a forked rank (this process's child by reparenting) and reap it; no
+        signal is sent to its pid once it is reaped."""
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            with self._lock:
+                _, status = os.waitpid(pid, 0)
+                self._returncode = os.waitstatus_to_exitcode(status)
+                return self._returncode
+        except ChildProcessError:  # not this process's child: no subreaper after all
+            log.error("rank %d (pid %d) is not this process's child", self.rank, pid)
+            while _exists(pid):
+                time.sleep(0.1)
+            with self._lock:
+                self._returncode = 1
+                return 1
+
+    def _report(self, returncode: int) -> None:
         at = time.time()
         self._log_file.close()
         text = "" if returncode == 0 else extract_traceback(self.log_path, start=self.log_start)
@@ -172,13 +406,30 @@ class RankProcess:
                 traceback=text,
             )
         )
+        self._exited.set()
 
     @property
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        if self._exited.is_set() or self._ended_pending is not None:
+            return False
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self._returncode is None
 
     def signal(self, sig: signal.Signals) -> None:
-        if self.alive:
+        with self._lock:
+            if self._ended_pending is not None:
+                return
+            if self.pid == 0:  # pending: it never runs
+                self._ended_pending = sig
+            elif self._proc is None:
+                if self._returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.pid, sig)
+                return
+        if self._ended_pending is not None:
+            self._report(-int(sig))
+        elif self.alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
@@ -192,31 +443,56 @@ class RankProcess:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for the exit to be observed (and reported); True if it exited in time."""
-        self._watcher.join(timeout_s)
-        return not self._watcher.is_alive()
+        return self._exited.wait(timeout_s)
 
 
-def start_standby(
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_zygote(
     env: Mapping[str, str], log_path: Path, *, background: bool = False
-) -> subprocess.Popen[bytes]:
-    """A warm standby process (torch imported, waiting on stdin to become a rank);
-    ``background``: it warms up at the lowest priority (see :mod:`unbroken.agent.standby`)."""
+) -> Zygote | None:
+    """A zygote (torch imported, forking ranks on order: :mod:`unbroken.agent.standby`) that
+    logs to ``log_path``; ``background``: it warms up at the lowest priority. None where this
+    process cannot be the parent of the ranks it forks (no child subreaper)."""
+    if not become_subreaper():
+        log.warning("no child subreaper here: ranks start without a zygote")
+        return None
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-u",
-                "-m",
-                "unbroken.agent.standby",
-                *(["--background"] if background else []),
-            ],
-            env=dict(env),
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    replies, reply_end = os.pipe()
+    try:
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-u",
+                    "-m",
+                    "unbroken.agent.standby",
+                    "--reply-fd",
+                    str(reply_end),
+                    *(["--background"] if background else []),
+                ],
+                env=dict(env),
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(reply_end,),
+            )
+    except OSError:
+        os.close(replies)
+        raise
+    finally:
+        os.close(reply_end)
+    _waited.add(proc.pid)
+    return Zygote(proc, replies)
 
 
 def rank_argv(

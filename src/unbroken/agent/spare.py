@@ -1,21 +1,24 @@
-"""A warm spare pod: an agent process on a free node, its rank slots' standbys already warm.
+"""A warm spare pod: an agent process on a free node, with a zygote that imports torch for it.
 
 ``recover`` places a replacement pod on a healthy node. A cold agent there starts its ranks as
 new Python processes that import torch, which takes seconds on a small machine and is most of
 the replacement's time. So the job manager keeps one spare agent per free node while the job
-trains: it starts ``--nproc`` warm standbys (:mod:`unbroken.agent.standby`) at once, then waits
-for one JSON line on stdin::
+trains: it starts one zygote (:mod:`unbroken.agent.standby`) at once, which imports torch once
+for all ``--nproc`` rank slots and then forks each rank, then waits for one JSON line on
+stdin::
 
     {"argv": [...], "env": {...}, "cwd": "...", "log": "..."}
 
 the ``unbroken launch`` arguments (after ``launch``), environment, working directory and log
 file a fresh agent of the pod would have been started with. It then becomes that pod's agent
-(:class:`~unbroken.agent.managed.ManagedAgent`) in the same process, and its standbys take the
-pod's ranks. End of input without an order (the run is over, or the node is no longer free):
-the standbys are let go and the spare exits 0.
+(:class:`~unbroken.agent.managed.ManagedAgent`) in the same process, and its zygote forks the
+pod's ranks, and any later replacement of them. End of input without an order (the run is over,
+or the node is no longer free): the zygote is let go and the spare exits 0.
 
-The standbys are started with the manager's environment; a standby takes its rank's whole
-environment when it becomes the rank, so nothing pod-specific is fixed before the order.
+The zygote warms up in the background (nice 19 where it may come back: the node's cores may be
+the job's), until the order comes. It is started with the manager's environment; each rank it
+forks takes its rank's whole environment, so nothing pod-specific is fixed before the order.
+The spare process is the ranks' parent (a child subreaper) from the start.
 
 Run as ``python -m unbroken.agent.spare --nproc N --log-dir D``. Imports no torch.
 """
@@ -26,14 +29,13 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from unbroken.agent.env import CONTROL_VARS
 from unbroken.agent.launcher import LaunchUsageError, parse_launch_args
-from unbroken.agent.ranks import start_standby
+from unbroken.agent.ranks import Zygote, start_zygote
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +44,9 @@ class SpareOrderError(ValueError):
     """The order a spare agent got is not one it can carry out."""
 
 
-def _let_go(standbys: Sequence[subprocess.Popen[bytes]]) -> None:
-    for sb in standbys:
-        if sb.poll() is None:
-            sb.kill()
-        sb.wait()
+def _let_go(zygote: Zygote | None) -> None:
+    if zygote is not None:
+        zygote.close()
 
 
 def _read_order(line: str) -> dict[str, object]:
@@ -65,7 +65,7 @@ def _read_order(line: str) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m unbroken.agent.spare")
     p.add_argument("--nproc", type=int, required=True, help="rank slots of the pod to be")
-    p.add_argument("--log-dir", type=Path, required=True, help="where the standbys log")
+    p.add_argument("--log-dir", type=Path, required=True, help="where the zygote logs")
     ns = p.parse_args(argv)
     if ns.nproc < 1:
         p.error(f"--nproc must be >= 1, got {ns.nproc}")
@@ -76,25 +76,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
     env.setdefault("OMP_NUM_THREADS", "1")
     # A spare node has nothing else to run; on the embedded cluster it shares the job's cores,
-    # so its standbys warm up in the background.
-    standbys = [
-        start_standby(env, ns.log_dir / "standby.log", background=True) for _ in range(ns.nproc)
-    ]
+    # so its zygote warms up in the background.
+    zygote = start_zygote(env, ns.log_dir / "standby.log", background=True)
     line = sys.stdin.readline()
     sys.stdin.close()
     if not line.strip():
-        _let_go(standbys)
+        _let_go(zygote)
         return 0
     try:
         order = _read_order(line)
         launch_argv = [str(a) for a in order["argv"]]  # type: ignore[attr-defined]
         args = parse_launch_args(launch_argv)
     except (SpareOrderError, LaunchUsageError) as exc:
-        _let_go(standbys)
+        _let_go(zygote)
         print(f"unbroken spare agent: {exc}", file=sys.stderr)
         return 2
     if args.nproc_per_node != ns.nproc:
-        _let_go(standbys)
+        _let_go(zygote)
         print(
             f"unbroken spare agent: the pod has {args.nproc_per_node} ranks, this spare "
             f"{ns.nproc} slots",
@@ -115,11 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = AgentSettings.from_env(os.environ)
     if settings is None:
-        _let_go(standbys)
+        _let_go(zygote)
         print("unbroken spare agent: the order names no control plane", file=sys.stderr)
         return 2
     agent = ManagedAgent(args, settings)
-    agent.adopt_standbys(standbys)
+    agent.adopt_zygote(zygote)
     try:
         return agent.run()
     except AgentExit as exc:

@@ -1,20 +1,36 @@
-"""A warm standby: a Python process with torch already imported, waiting to become a rank.
+"""A zygote: a fork server with torch imported once, forking a process for each rank it is given.
 
 Starting a Python process and importing torch takes seconds on a small machine (ANCHORS: about
-3.5 s of torchrun's 7.75 s restart). The agent keeps one standby per local rank slot; when a
-rank must (re)start, a standby receives one JSON line on stdin, ``{"argv", "env", "cwd",
-"log"}``, takes the rank's environment, working directory and log file, and runs the training
-script as ``__main__`` (``runpy``), exactly as ``python -u script args`` would. A fresh standby
-is started in the background for the next time.
+3.5 s of torchrun's 7.75 s restart). An agent keeps one zygote (a spare agent too, for all its
+rank slots). It imports torch and the modules a rank needs once, then serves orders, one JSON
+line each on stdin, ``{"argv", "module", "env", "cwd", "log"}``, for as long as its stdin is
+open. For each order it forks twice: the intermediate process forks the rank and exits at once,
+the zygote reaps it, so the rank is reparented to the agent (a child subreaper), which waits for
+it as for a process it started itself. Only then does the zygote write ``pid N`` (or ``error
+...``) on its reply pipe (``--reply-fd``), one line per order in order, after a ``ready`` line
+once its imports are done.
 
-With ``--background`` the warm-up is background work (a spare agent's standbys, on a node the
+The rank gets a session of its own, the signal dispositions and priority the zygote started
+with, stdin from ``/dev/null``, stdout and stderr to its log, the order's environment and
+working directory, a fresh seed for Python's ``random`` and torch's default generator, and
+runs the training script as ``__main__`` (``runpy``), exactly as ``python -u script args``
+would, with two differences: what the interpreter reads from the environment at its start
+(``PYTHONHASHSEED``, ``PYTHONPATH``, ...) and what torch reads at import stays the zygote's,
+except the intra-op thread count, which follows the order's ``OMP_NUM_THREADS``.
+
+An order may come while the imports still run (a thread reads the first one); it is served once
+they are done. End of input: the zygote exits, at once if it is still importing. It never has
+children of its own for longer than a fork takes.
+
+With ``--background`` the warm-up is background work (a spare agent's zygote, on a node the
 job's ranks may share in the embedded cluster): where the process may raise its priority again
 (``CAP_SYS_NICE``, e.g. as root), it imports at the lowest priority (nice 19, and its
-scheduling autogroup's too) and returns to its parent's priority the moment its order comes;
-without that capability it could not come back, so it stays at normal priority throughout.
+scheduling autogroup's too) and returns to its parent's priority the moment its first order
+comes, as do the ranks it forks; without that capability it could not come back, so it stays
+at normal priority throughout.
 
-Run as ``python -m unbroken.agent.standby [--background]``. It imports torch and the standard
-library only.
+Run as ``python -m unbroken.agent.standby --reply-fd N [--background]``. It imports torch and
+the standard library only.
 """
 
 from __future__ import annotations
@@ -22,10 +38,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import runpy
+import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
+
+Handler = Callable[[int, Any], Any] | int | signal.Handlers | None
 
 
 def _activate(order: dict[str, object]) -> None:
@@ -42,9 +64,13 @@ def _activate(order: dict[str, object]) -> None:
     os.chdir(str(order["cwd"]))
     sys.argv = argv
     if order.get("module"):
+        if not sys.flags.safe_path:
+            sys.path[0] = os.getcwd()  # as ``python -m`` puts it
         runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
     else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        script_dir = os.path.dirname(os.path.abspath(argv[0]))
+        if not sys.flags.safe_path:
+            sys.path[0] = script_dir  # as ``python script`` puts it
         runpy.run_path(argv[0], run_name="__main__")
 
 
@@ -78,7 +104,7 @@ def _autogroup_nice() -> int | None:
 def _set_nice(value: int, group: int | None) -> None:
     """``value`` for every thread of the process (Linux keeps a nice value per thread), and
     ``group`` for its autogroup: with autogroups on, the scheduler shares the CPU between
-    sessions first, and a standby is a session of its own, so a thread's nice value alone
+    sessions first, and a zygote is a session of its own, so a thread's nice value alone
     would not yield the CPU to the ranks' sessions."""
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
@@ -92,38 +118,174 @@ def _set_nice(value: int, group: int | None) -> None:
             f.write(str(group))
 
 
+class _Lines:
+    """Lines from a file descriptor, read unbuffered by Python's own stdin (a forked rank
+    must not find the zygote's next orders in its ``sys.stdin``). One reader at a time."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = b""
+
+    def next(self) -> bytes:
+        """The next line, or b"" at end of input."""
+        while b"\n" not in self._buf:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                line, self._buf = self._buf, b""
+                return line
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line + b"\n"
+
+
+def _fork_rank() -> int | None:
+    """Fork a rank that is not this process's child: the rank's pid in the zygote (once the
+    intermediate process is reaped, so the rank has its final parent), None in the rank."""
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mid = os.fork()
+    if mid == 0:  # the intermediate: fork the rank, tell its pid, exit
+        mid, pid = os.getpid(), -1
+        with contextlib.suppress(BaseException):
+            os.close(r)
+            pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            while os.getppid() == mid:  # until reparented: its parent is the agent from the start
+                time.sleep(0.0002)
+            return None
+        with contextlib.suppress(BaseException):
+            if pid > 0:
+                os.write(w, str(pid).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 64):
+        data += chunk
+    os.close(r)
+    os.waitpid(mid, 0)
+    if not data:
+        raise OSError("the intermediate process could not fork the rank")
+    return int(data)
+
+
+def _startup_signals() -> dict[int, Handler]:
+    """Every signal's disposition as the interpreter set it up (a cold rank gets the same)."""
+    out: dict[int, Handler] = {}
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            handler = signal.getsignal(sig)
+            if handler is not None:
+                out[int(sig)] = handler
+    return out
+
+
+def _become_rank(
+    order: dict[str, object],
+    reply_fd: int,
+    signals: dict[int, Handler],
+    nice: tuple[int, int | None] | None,
+) -> None:
+    """In the forked rank: shed what is the zygote's, then run the training script."""
+    os.setsid()
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig, handler in signals.items():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            signal.signal(sig, handler)
+    os.close(reply_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    if nice is not None:
+        _set_nice(*nice)
+    import torch
+
+    random.seed()
+    torch.seed()
+    env = order["env"]
+    threads = env.get("OMP_NUM_THREADS", "") if isinstance(env, dict) else ""
+    if str(threads).isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    _activate(order)
+
+
+def _reply(fd: int, text: str) -> bool:
+    try:
+        os.write(fd, (text + "\n").encode())
+        return True
+    except OSError:  # the agent is gone
+        return False
+
+
 def main() -> None:
     began = time.monotonic()
+    args = sys.argv[1:]
+    reply_fd = int(args[args.index("--reply-fd") + 1])
+    signals = _startup_signals()
     base, base_group = os.getpriority(os.PRIO_PROCESS, 0), _autogroup_nice()
-    low = "--background" in sys.argv[1:] and _may_renice()
+    low = "--background" in args and _may_renice()
     if low:
         _set_nice(19, None if base_group is None else 19)
-    order: list[str] = []
+    lines = _Lines(0)
+    first: list[bytes] = []
 
     def wait_for_order() -> None:
         # The order may come while the imports still run: from then on they are the rank's
         # start, so they go on at the parent's priority.
-        order.append(sys.stdin.readline())
+        line = lines.next()
+        if not line:
+            os._exit(0)  # let go before any order: the imports are not needed
+        first.append(line)
         if low:
             _set_nice(base, base_group)
 
-    waiter = threading.Thread(target=wait_for_order, name="standby-order", daemon=True)
+    waiter = threading.Thread(target=wait_for_order, name="zygote-order", daemon=True)
     waiter.start()
     import torch
     import torch.distributed
     import torch.distributed.checkpoint
     import torch.nn.parallel  # noqa: F401
 
+    pid = os.getpid()
     print(
-        f"{time.time():.3f} standby {os.getpid()} ready (imports took "
+        f"{time.time():.3f} standby {pid} ready: a zygote (imports took "
         f"{time.monotonic() - began:.2f} s)",
         flush=True,
     )
-    waiter.join()
-    if not order[0]:
-        return  # the agent let the standby go
-    sys.stdin.close()
-    _activate(json.loads(order[0]))
+    if not _reply(reply_fd, "ready"):
+        os._exit(0)  # the agent is gone
+    waiter.join()  # single-threaded from here on: the zygote forks
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        print(f"{time.time():.3f} standby {pid}: {threads} threads at fork", flush=True)
+    line = first[0]
+    nice = (base, base_group) if low else None
+    while line:
+        try:
+            order = json.loads(line)
+            if not isinstance(order, dict):
+                raise ValueError(f"the order is {type(order).__name__}, not a JSON object")
+            rank = _fork_rank()
+        except (ValueError, OSError) as exc:
+            print(f"{time.time():.3f} standby {pid}: order refused: {exc}", flush=True)
+            if not _reply(reply_fd, f"error {exc}"):
+                os._exit(0)
+            line = lines.next()
+            continue
+        if rank is None:  # this is the rank now
+            _become_rank(order, reply_fd, signals, nice)
+            return
+        print(f"{time.time():.3f} standby {pid} forked rank process {rank}", flush=True)
+        if not _reply(reply_fd, f"pid {rank}"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)  # no agent waits for it
+            os._exit(0)
+        line = lines.next()
+    # End of input: the agent let the zygote go. Nothing to tear down (the interpreter's own
+    # teardown, with torch imported, takes long on a loaded machine).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
