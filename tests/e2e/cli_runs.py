@@ -26,6 +26,12 @@ FIXTURES = REPO / "tests" / "fixtures" / "e2e"
 JOB = FIXTURES / "job.yaml"
 TRAIN_SCRIPT = REPO / "examples" / "train_mlp.py"
 RUN_TIMEOUT_S = 240.0  # one whole `unbroken run`, on two shared cores
+#: The e2e jobs' stand-in for compute time per step: it decides how long a job trains, never
+#: what it trains (the final model does not depend on it).
+STEP_SLEEP = "--step-sleep=0.02"
+#: For the tests that must act on a job while it still trains after an early step (a device
+#: plugin's poll every 3 s, a command from another process): the job trains for longer.
+SLOW_STEP_SLEEP = "--step-sleep=0.05"
 
 
 @dataclass(frozen=True)
@@ -214,14 +220,28 @@ def digest(run_dir: Path) -> str:
     return value
 
 
+def replica_specs(job: Path) -> str:
+    """The job's ``spec:`` (what every pod runs: the launcher, the script and its arguments),
+    as written: two jobs whose specs are equal train the same model, whatever their metadata
+    (name, labels, annotations: how faults are handled)."""
+    text = job.read_text()
+    at = text.index("\nspec:\n")
+    return text[at:]
+
+
 def write_job(
-    path: Path, *, replace: Mapping[str, str] = {}, script: str | Path = TRAIN_SCRIPT
+    path: Path,
+    *,
+    replace: Mapping[str, str] = {},
+    script: str | Path = TRAIN_SCRIPT,
+    job: Path = JOB,
 ) -> Path:
-    """A variant of the e2e job at ``path``: each ``replace`` key becomes its value, and the
-    training script is ``script`` (the fixture names it relative to the fixture's folder)."""
-    text = JOB.read_text().replace("../../../examples/train_mlp.py", str(script))
+    """A variant of the e2e job (or of another e2e ``job``) at ``path``: each ``replace`` key
+    becomes its value, and the training script is ``script`` (the fixture names it relative to
+    the fixture's folder)."""
+    text = job.read_text().replace("../../../examples/train_mlp.py", str(script))
     for old, new in replace.items():
-        assert old in text, f"{old!r} is not in {JOB}"
+        assert old in text, f"{old!r} is not in {job}"
         text = text.replace(old, new)
     path.write_text(text)
     return path

@@ -9,7 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import FIXTURES, Reference, digest, events, of_kind, run_job, status, unbroken
+from cli_runs import (
+    FIXTURES,
+    SLOW_STEP_SLEEP,
+    STEP_SLEEP,
+    Reference,
+    digest,
+    events,
+    of_kind,
+    run_job,
+    status,
+    unbroken,
+    write_job,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +46,12 @@ def assert_succeeded(res_stdout: str, run_dir: Path, reference: Reference) -> No
     assert digest(run_dir) == reference.digest, "the recovered model differs from the fault-free"
     st = status(run_dir)
     assert st is not None and st["phase"] == "Succeeded" and st["step"] == 60, st
+
+
+def polled_job(tmp_path: Path) -> Path:
+    """The e2e job with slower steps: a device fault at step 5 reaches the device plugin's
+    next poll (every 3 s) while the job still trains."""
+    return write_job(tmp_path / "job.yaml", replace={STEP_SLEEP: SLOW_STEP_SLEEP})
 
 
 def recomputed_steps(run_dir: Path) -> int:
@@ -123,7 +141,7 @@ def test_hung_rank_is_detected_as_a_hang_and_recovered(
 
 
 def test_isolating_device_fault_moves_the_pod_to_the_spare_node(
-    run_dir: Path, fault_free: Reference
+    run_dir: Path, fault_free: Reference, tmp_path: Path
 ) -> None:
     res = run_job(
         run_dir,
@@ -131,6 +149,7 @@ def test_isolating_device_fault_moves_the_pod_to_the_spare_node(
         FIXTURES / "cluster-fast-watch.yaml",
         "--chaos",
         FIXTURES / "device-isolate.yaml",
+        job=polled_job(tmp_path),
     )
     assert res.rc == 0, res.explain()
     assert_succeeded(res.stdout, run_dir, fault_free)
@@ -155,7 +174,7 @@ def test_isolating_device_fault_moves_the_pod_to_the_spare_node(
 
 
 def test_a_device_fault_where_no_rank_runs_isolates_it_and_training_goes_on(
-    run_dir: Path, fault_free: Reference
+    run_dir: Path, fault_free: Reference, tmp_path: Path
 ) -> None:
     """A device of the spare node fails: no rank of the job is on it, so nothing stops; the
     device leaves the pool so that no pod is placed on it."""
@@ -165,6 +184,7 @@ def test_a_device_fault_where_no_rank_runs_isolates_it_and_training_goes_on(
         FIXTURES / "cluster-fast-watch.yaml",
         "--chaos",
         FIXTURES / "device-idle.yaml",
+        job=polled_job(tmp_path),
     )
     assert res.rc == 0, res.explain()
     assert "step 60/60; 0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_runs import (
     FIXTURES,
+    JOB,
+    SLOW_STEP_SLEEP,
+    STEP_SLEEP,
     TRAIN_SCRIPT,
     Reference,
-    assert_no_processes_left,
     digest,
     events,
     of_kind,
+    replica_specs,
     run_job,
     status,
     unbroken,
+    write_job,
 )
 from process_helpers import (
     rank_pids,
@@ -59,17 +62,13 @@ IN_PROCESS_PHASES = [
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
-    """The in-place job run once without faults. The two process-level jobs differ only in
-    their fault-handling metadata, so this is the model every faulted run of either must end
-    with, bit for bit."""
-    run_dir = tmp_path_factory.mktemp("process-fault-free") / "run"
-    res = run_job(run_dir, job=IN_PLACE)
-    assert_no_processes_left(run_dir)
-    assert res.rc == 0, res.explain()
-    assert "job e2e-inplace: SUCCEEDED" in res.stdout, res.explain()
-    assert "0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
-    yield Reference(run_dir, digest(run_dir))
+def reference(fault_free: Reference) -> Reference:
+    """The e2e job's fault-free run. The process-level jobs differ from it only in their
+    metadata (name, labels, fault-handling annotations), so its model is the one every faulted
+    run of theirs must end with, bit for bit."""
+    for job in (IN_PLACE, RECOVER, RETRY, DUMP):
+        assert replica_specs(job) == replica_specs(JOB), f"{job} trains another model than {JOB}"
+    return fault_free
 
 
 def result_of(run_dir: Path) -> dict[str, Any]:
@@ -158,9 +157,12 @@ def test_rank_that_raised_is_recovered_in_place_from_a_replica(
 
 
 def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
-    run_dir: Path, reference: Reference
+    run_dir: Path, reference: Reference, tmp_path: Path
 ) -> None:
-    res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=RECOVER)
+    # Slower steps: the spare agent the replacement pod takes starts once the job trains, and
+    # must be there by the time the node dies at step 25.
+    job = write_job(tmp_path / "job.yaml", job=RECOVER, replace={STEP_SLEEP: SLOW_STEP_SLEEP})
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=job)
     assert res.rc == 0, res.explain()
     assert_succeeded(res.stdout, "e2e-recover", run_dir, reference)
 
