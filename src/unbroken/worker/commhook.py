@@ -54,9 +54,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from unbroken.protocol.kinds import StepFailure
 from unbroken.worker import torchapi
 from unbroken.worker.failure import SyncFailure
-from unbroken.worker.heartbeat import StepFailure
 from unbroken.worker.opretry import OpRetrier, wait_all
 from unbroken.worker.torchapi import GradBucket, ProcessGroupGloo
 

@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from unbroken.worker.heartbeat import StepFailure
+from unbroken.protocol.kinds import StepFailure
 
 #: ``cudaErrorECCUncorrectable``, the code an ``AcceleratorError`` carries for an uncorrectable
 #: ECC error in device memory (``hipErrorECCNotCorrectable`` has the same value).

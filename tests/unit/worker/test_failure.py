@@ -14,6 +14,7 @@ import types
 
 import pytest
 
+from unbroken.protocol.kinds import StepFailure
 from unbroken.worker.failure import (
     ECC_UNCORRECTABLE,
     DeviceMemoryError,
@@ -21,7 +22,6 @@ from unbroken.worker.failure import (
     failure_kind,
     is_device_memory_error,
 )
-from unbroken.worker.heartbeat import StepFailure
 
 pytestmark = pytest.mark.unit
 
