@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import (
+    STEP_SLEEP,
     Reference,
     Result,
     assert_no_processes_left,
@@ -15,9 +16,9 @@ from cli_runs import (
     of_kind,
     processes_of,
     start_job,
-    status,
     unbroken,
     wait_for,
+    write_job,
 )
 
 pytestmark = pytest.mark.e2e
@@ -32,19 +33,21 @@ class Injected:
 
 @pytest.fixture(scope="module")
 def injected(tmp_path_factory: pytest.TempPathFactory) -> Injected:
-    """The e2e job started in the background; once it trains past step 15, ``unbroken inject
-    kill --rank 1`` from this process; then the job runs to its end."""
+    """The e2e job started in the background; once its console says it trained 20 steps,
+    ``unbroken inject kill --rank 1`` from this process; then the job runs to its end."""
     base = tmp_path_factory.mktemp("inject")
     run_dir = base / "run"
-    job = start_job(run_dir, base / "logs")
+    # Slow steps: the 40 steps left after step 20 outlast a command from another process on a
+    # loaded machine.
+    slow = write_job(base / "job.yaml", replace={STEP_SLEEP: "--step-sleep=0.1"})
+    job = start_job(run_dir, base / "logs", job=slow)
     try:
 
-        def training_past_step_15() -> bool:
+        def trained_20_steps() -> bool:
             assert job.proc.poll() is None, "the job ended before the fault: " + str(job.output())
-            st = status(run_dir)
-            return st is not None and st["phase"] == "Running" and st["step"] > 15
+            return "] step 20/60 (generation 0, " in job.output()[0]
 
-        wait_for(training_past_step_15, "the job training past step 15", deadline_s=180.0)
+        wait_for(trained_20_steps, "the job's console at step 20", deadline_s=180.0)
         # What the leftover check looks for is there while the job runs: the control plane,
         # an agent per pod and the four ranks (warm standbys may come on top).
         running = processes_of(run_dir)
