@@ -243,7 +243,7 @@ class Zygote:
                 if line == "ready":
                     self._ready.set()
                     continue
-                pid = int(line[4:]) if line.startswith("pid ") else None
+                pid = int(line[4:]) if line.startswith("pid ") and line[4:].isdigit() else None
                 if pid is not None:
                     _waited.add(pid)
                 with self._lock:
@@ -356,12 +356,16 @@ class RankProcess:
             pid = self._spawn.wait()
             with self._lock:
                 ended = self._ended_pending
-                if ended is None:
-                    if pid is not None:
-                        self.pid = pid
-                    else:
-                        log.warning("rank %d: the zygote is gone; starting it anew", self.rank)
+                if ended is None and pid is not None:
+                    self.pid = pid
+                elif ended is None:
+                    log.warning("rank %d: the zygote is gone; starting it anew", self.rank)
+                    try:
                         self._start_cold()
+                    except OSError as exc:
+                        self._log_file.write(f"cannot start the rank: {exc}\n".encode())
+                        self._report(1)
+                        return
             if ended is not None:
                 if pid is not None:  # too late: it was ended before it came
                     with contextlib.suppress(ProcessLookupError):
