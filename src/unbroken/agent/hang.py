@@ -12,8 +12,15 @@ interpreter; a rank blocked in a gloo collective keeps ticking, since gloo relea
 and the progress stopped (no step started or committed). A healthy rank on two loaded cores
 can starve its tick thread for a moment, but it keeps stepping.
 
-Pure: records and times in, verdicts out; the agent (:mod:`unbroken.agent.managed`) reads the
-files and the clock.
+Three step times hold for a *stopped* process (SIGSTOP, a frozen cgroup: the kernel says so).
+A process that runs or sleeps with its tick stopped holds the GIL in a C call, and some of
+those calls are bounded waits of a healthy rank: building a new process group after an op
+retry (gloo connects to every peer with the GIL held), a peer that is slow to join. Such a
+rank gets ``startup_s`` at least (:func:`timeout_for`), so only a wedge that outlasts it is
+a hang.
+
+Pure but for :func:`hang_timeout_s`, which reads the process state from ``/proc``; the agent
+(:mod:`unbroken.agent.managed`) reads the heartbeat files and the clock.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ EWMA_WEIGHT = 0.3
 
 @dataclass(frozen=True)
 class HangSettings:
-    """``factor`` step times of silence are a hang, never less than ``floor_s``; before a
-    rank's step time is known (no two commits seen yet: its start, the first step after a
-    recovery) ``startup_s``.
+    """``factor`` step times of silence are a hang: never less than ``floor_s`` for a stopped
+    process, never less than ``startup_s`` for one that runs or sleeps holding the GIL, and
+    ``startup_s`` before a rank's step time is known (no two commits seen yet: its start, the
+    first step after a recovery).
 
     ``floor_s`` is there for jitter only: the worker ticks every 0.1 s and the agent reads
     every 0.05 s, and on a loaded two-core machine a runnable process can wait a few hundred
@@ -100,11 +108,32 @@ class StepClock:
         )
 
 
-def hang_timeout_s(clock: StepClock | None, settings: HangSettings) -> float:
-    """How long a rank may stay silent (tick and progress) before it is hung."""
+def timeout_for(clock: StepClock | None, settings: HangSettings, *, stopped: bool) -> float:
+    """How long a rank may stay silent (tick and progress) before it is hung; ``stopped``:
+    its process is stopped (see the module docstring)."""
     if clock is None or clock.step_s <= 0.0:
         return settings.startup_s
-    return max(settings.floor_s, settings.factor * clock.step_s)
+    least = settings.floor_s if stopped else settings.startup_s
+    return max(least, settings.factor * clock.step_s)
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``T``/``t`` in ``/proc/<pid>/stat``); False when
+    that cannot be read (the process is gone, or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The command name (field 2) is in parentheses and may hold spaces: the state follows it.
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state in (b"T", b"t")
+
+
+def hang_timeout_s(clock: StepClock | None, settings: HangSettings) -> float:
+    """:func:`timeout_for` the process of ``clock`` as it is now."""
+    stopped = clock is not None and process_stopped(clock.pid)
+    return timeout_for(clock, settings, stopped=stopped)
 
 
 @dataclass(frozen=True)

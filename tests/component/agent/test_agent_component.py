@@ -6,12 +6,16 @@ to its ranks for each order. No torch, no rank processes, no network."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from unbroken.agent.hang import process_stopped
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.managed import AgentSettings, ManagedAgent
 from unbroken.agent.ranks import RankExit
@@ -44,7 +48,8 @@ class RecordingClient:
 
 
 class ScriptedRank:
-    """A rank process as the agent drives it."""
+    """A rank process as the agent drives it; ``pid`` is a real idle process, so the kernel
+    can say whether it is stopped."""
 
     def __init__(self, rank: int, pid: int) -> None:
         self.rank, self.pid, self.generation = rank, pid, 0
@@ -92,14 +97,31 @@ class Pod:
         self.agent.generation = 0
         self.dir = tmp_path
         self.ranks: dict[int, ScriptedRank] = {}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in (2, 3):
-            self.ranks[rank] = ScriptedRank(rank, 500 + rank)
+            self.procs[rank] = subprocess.Popen(["sleep", "120"])
+            self.ranks[rank] = ScriptedRank(rank, self.procs[rank].pid)
             self.agent.ranks[rank] = self.ranks[rank]  # type: ignore[assignment]
             self.agent._readers[rank] = HeartbeatReader(tmp_path / f"hb{rank}")
             self.agent._mailboxes[rank] = MailboxWriter(tmp_path / f"mb{rank}")
 
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+
+    def stop(self, rank: int) -> None:
+        """SIGSTOP the rank's process, as ``unbroken inject hang`` does."""
+        self.procs[rank].send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0
+        while not process_stopped(self.procs[rank].pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def pid(self, rank: int) -> int:
+        return self.ranks[rank].pid
+
     def write(self, rank: int, **fields: Any) -> None:
-        record = HeartbeatRecord(pid=500 + rank, rank=rank, generation=0, **fields)
+        record = HeartbeatRecord(pid=self.pid(rank), rank=rank, generation=0, **fields)
         (self.dir / f"hb{rank}").write_bytes(encode(record))
 
     def training(
@@ -122,8 +144,10 @@ class Pod:
 
 
 @pytest.fixture
-def pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pod:
-    return Pod(tmp_path, monkeypatch)
+def pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pod]:
+    p = Pod(tmp_path, monkeypatch)
+    yield p
+    p.close()
 
 
 def _observe_steps(pod: Pod, step_s: float) -> None:
@@ -136,6 +160,7 @@ def _observe_steps(pod: Pod, step_s: float) -> None:
 
 def test_a_stopped_rank_is_hung_after_three_of_its_step_times(pod: Pod) -> None:
     _observe_steps(pod, step_s=0.5)
+    pod.stop(3)
     pod.training(2, committed=13, committed_ago_s=0.0, tick_ago_s=0.0)
     pod.training(3, committed=13, committed_ago_s=0.9, tick_ago_s=0.9)  # < 3 x 0.5 s
     pod.agent._check_hangs()
@@ -143,7 +168,7 @@ def test_a_stopped_rank_is_hung_after_three_of_its_step_times(pod: Pod) -> None:
     pod.training(3, committed=13, committed_ago_s=2.2, tick_ago_s=2.2)  # > 3 x 0.5 s
     pod.agent._check_hangs()
     (hung,) = pod.client.reports
-    assert isinstance(hung, RankHung) and hung.rank == 3 and hung.pid == 503
+    assert isinstance(hung, RankHung) and hung.rank == 3 and hung.pid == pod.pid(3)
     assert hung.timeout_s == pytest.approx(1.5, rel=0.1)  # stamps written a moment apart
     pod.agent._check_hangs()
     assert len(pod.client.reports) == 1  # once per rank and generation
@@ -151,9 +176,24 @@ def test_a_stopped_rank_is_hung_after_three_of_its_step_times(pod: Pod) -> None:
 
 def test_a_slow_job_is_not_hung_by_a_pause_a_fast_one_would_be(pod: Pod) -> None:
     _observe_steps(pod, step_s=2.0)
+    pod.stop(3)
     pod.training(3, committed=13, committed_ago_s=4.0, tick_ago_s=4.0)
     pod.agent._check_hangs()
     assert pod.client.reports == []
+
+
+def test_a_running_rank_that_holds_the_gil_gets_the_startup_timeout(pod: Pod) -> None:
+    """Not stopped, tick and steps still: a C call holding the GIL, which a healthy rank may
+    make for a moment (a new process group after an op retry). Three fast steps are not
+    enough to call it hung; the startup timeout is."""
+    _observe_steps(pod, step_s=0.05)
+    pod.training(3, committed=13, committed_ago_s=1.0, tick_ago_s=1.0)
+    pod.agent._check_hangs()
+    assert pod.client.reports == []
+    pod.training(3, committed=13, committed_ago_s=3.5, tick_ago_s=3.5)
+    pod.agent._check_hangs()
+    (hung,) = pod.client.reports
+    assert isinstance(hung, RankHung) and hung.timeout_s == 3.0
 
 
 def test_a_rank_blocked_in_a_collective_keeps_ticking_and_is_not_hung(pod: Pod) -> None:
@@ -188,7 +228,7 @@ def test_a_failed_step_is_reported_once_with_its_kind_and_device(pod: Pod) -> No
 
 def test_an_exit_is_reported_with_the_steps_its_rank_committed(pod: Pod) -> None:
     pod.training(3, committed=21, committed_ago_s=0.0, tick_ago_s=0.0)
-    pod.agent._exits.put(RankExit(3, 1, 503, 0, -9, time.time()))
+    pod.agent._exits.put(RankExit(3, 1, pod.pid(3), 0, -9, time.time()))
     pod.agent._drain_exits()
     (exited,) = pod.client.reports
     assert isinstance(exited, RankExited)
@@ -206,7 +246,7 @@ def test_orders_reach_the_ranks(pod: Pod) -> None:
     pod.agent._obey(EndRanks(ranks=(3,)))
     assert pod.ranks[3].killed and not pod.ranks[2].killed
     # The agent ended rank 3 itself: its exit is no fault to report.
-    pod.agent._exits.put(RankExit(3, 1, 503, 0, -9, time.time()))
+    pod.agent._exits.put(RankExit(3, 1, pod.pid(3), 0, -9, time.time()))
     pod.agent._drain_exits()
     assert pod.client.reports == []
     assert pod.agent._obey(StopPod(grace_s=None, success=False)) == 143

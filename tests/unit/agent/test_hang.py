@@ -4,10 +4,21 @@ tick and the progress must stop."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
+from unbroken.agent.hang import (
+    HangSettings,
+    StepClock,
+    hang_timeout_s,
+    hung,
+    process_stopped,
+    timeout_for,
+)
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 
 pytestmark = pytest.mark.unit
@@ -30,6 +41,10 @@ def _rec(committed: int, committed_at: float, **kw: object) -> HeartbeatRecord:
     return HeartbeatRecord(**fields)  # type: ignore[arg-type]
 
 
+def _stopped_timeout(clock: StepClock | None, settings: HangSettings) -> float:
+    return timeout_for(clock, settings, stopped=True)
+
+
 def _clock(step_s: float, commits: int = 6) -> StepClock:
     clock = StepClock.of(_rec(0, 0.0))
     for i in range(1, commits + 1):
@@ -40,7 +55,7 @@ def _clock(step_s: float, commits: int = 6) -> StepClock:
 @pytest.mark.parametrize("step_s", [0.2, 0.5, 2.0])
 def test_the_step_time_is_the_interval_between_commits(step_s: float) -> None:
     assert _clock(step_s).step_s == pytest.approx(step_s)
-    assert hang_timeout_s(_clock(step_s), SETTINGS) == pytest.approx(3 * step_s)
+    assert _stopped_timeout(_clock(step_s), SETTINGS) == pytest.approx(3 * step_s)
 
 
 def test_commits_seen_together_count_each_step() -> None:
@@ -49,7 +64,7 @@ def test_commits_seen_together_count_each_step() -> None:
 
 
 def test_a_fast_job_is_held_to_the_jitter_floor() -> None:
-    assert hang_timeout_s(_clock(0.01), SETTINGS) == SETTINGS.floor_s
+    assert _stopped_timeout(_clock(0.01), SETTINGS) == SETTINGS.floor_s
 
 
 @pytest.mark.parametrize(
@@ -62,12 +77,12 @@ def test_a_new_process_or_a_recovery_starts_a_new_clock(change: dict[str, object
     until two commits are seen again the startup timeout holds."""
     clock = _clock(0.2).observe(dataclasses.replace(_rec(20, T0 + 30.0), **change))  # type: ignore[arg-type]
     assert clock.step_s == 0.0
-    assert hang_timeout_s(clock, SETTINGS) == SETTINGS.startup_s
+    assert _stopped_timeout(clock, SETTINGS) == SETTINGS.startup_s
 
 
 def test_before_two_commits_the_startup_timeout_holds() -> None:
-    assert hang_timeout_s(None, SETTINGS) == SETTINGS.startup_s
-    assert hang_timeout_s(StepClock.of(_rec(0, 0.0)).observe(_rec(1, T0)), SETTINGS) == 3.0
+    assert _stopped_timeout(None, SETTINGS) == SETTINGS.startup_s
+    assert _stopped_timeout(StepClock.of(_rec(0, 0.0)).observe(_rec(1, T0)), SETTINGS) == 3.0
 
 
 def test_one_slow_step_moves_the_step_time_only_part_of_the_way() -> None:
@@ -101,7 +116,7 @@ def test_a_hang_is_caught_within_three_step_times() -> None:
     step_s = 0.4
     clock = _clock(step_s)
     stopped = _rec(6, T0 + 6 * step_s)
-    timeout = hang_timeout_s(clock.observe(stopped), SETTINGS)
+    timeout = _stopped_timeout(clock.observe(stopped), SETTINGS)
     assert hung(stopped, timeout, T0 + 6 * step_s + 3 * step_s - 0.01) is None
     assert hung(stopped, timeout, T0 + 6 * step_s + 3 * step_s + 0.01) is not None
 
@@ -109,3 +124,29 @@ def test_a_hang_is_caught_within_three_step_times() -> None:
 def test_settings_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         HangSettings(floor_s=0.0)
+
+
+def test_a_process_that_runs_or_sleeps_gets_the_startup_timeout_at_least() -> None:
+    """Its tick stopped while it holds the GIL in a C call: a healthy rank may do so for a
+    moment (a new process group after an op retry), so three fast steps are not enough."""
+    assert timeout_for(_clock(0.05), SETTINGS, stopped=False) == SETTINGS.startup_s
+    assert timeout_for(_clock(2.0), SETTINGS, stopped=False) == pytest.approx(6.0)
+
+
+def test_the_state_of_a_process_is_read_from_proc() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not process_stopped(proc.pid)
+        clock = dataclasses.replace(_clock(0.05), pid=proc.pid)
+        assert hang_timeout_s(clock, SETTINGS) == SETTINGS.startup_s
+        os.kill(proc.pid, signal.SIGSTOP)
+        for _ in range(100):
+            if process_stopped(proc.pid):
+                break
+            time.sleep(0.01)
+        assert process_stopped(proc.pid)
+        assert hang_timeout_s(clock, SETTINGS) == SETTINGS.floor_s
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not process_stopped(proc.pid)
