@@ -14,9 +14,11 @@ The rank gets a session of its own, the signal dispositions and priority the zyg
 with, stdin from ``/dev/null``, stdout and stderr to its log, the order's environment and
 working directory, a fresh seed for Python's ``random`` and torch's default generator, and
 runs the training script as ``__main__`` (``runpy``), exactly as ``python -u script args``
-would, with two differences: what the interpreter reads from the environment at its start
+would, with these differences: what the interpreter reads from the environment at its start
 (``PYTHONHASHSEED``, ``PYTHONPATH``, ...) and what torch reads at import stays the zygote's,
-except the intra-op thread count, which follows the order's ``OMP_NUM_THREADS``.
+except the intra-op thread count, which follows the order's ``OMP_NUM_THREADS``; and what the
+kernel shows as its command line and initial environment (``/proc/<pid>/cmdline``,
+``/proc/<pid>/environ``, hence ``ps``) is the zygote's.
 
 An order may come while the imports still run (a thread reads the first one); it is served once
 they are done. End of input: the zygote exits, at once if it is still importing. It never has
