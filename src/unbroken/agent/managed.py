@@ -133,6 +133,10 @@ class ManagedAgent:
         self.hung_reported: set[tuple[int, int]] = set()
         self._exits: queue.Queue[RankExit] = queue.Queue()
         self._commands: queue.Queue[Order] = queue.Queue()
+        # Set when an order or a rank's exit arrives: the loop acts on it at once instead of
+        # at its next tick.
+        self._wake = threading.Event()
+        self._milestones: tuple[tuple[Any, ...], ...] = ()  # what the last heartbeat showed
         self._expected_exit: set[int] = set()  # pids we are stopping on purpose
         self._last_contact = time.monotonic()
         self._readers: dict[int, HeartbeatReader] = {}
@@ -171,6 +175,7 @@ class ManagedAgent:
                 for body in self.client.stream(COMMANDS, {"pod": self.s.pod, "pid": os.getpid()}):
                     try:
                         self._commands.put(decode_order(body))
+                        self._wake.set()
                     except ProtocolError as exc:
                         log.error("order from the manager refused: %s", exc)
                 return  # the server closed the stream: the run is over
@@ -206,7 +211,7 @@ class ManagedAgent:
             ),
             env=env,
             log_path=self.pod_dir / "logs" / f"rank{rank}.log",
-            on_exit=self._exits.put,
+            on_exit=self._rank_exited,
             zygote=self._live_zygote(),
         )
         self.ranks[rank] = proc
@@ -404,13 +409,23 @@ class ManagedAgent:
                 if time.monotonic() >= self._reap_at:
                     reap_orphans()  # descendants of ranks, come to this subreaper
                     self._reap_at = time.monotonic() + 1.0
-                if time.monotonic() >= next_hb:
-                    self._send(AgentHeartbeat(ranks=self._progress()))
+                progress = self._progress()
+                milestones = _milestones(progress)
+                # A recovery's phases reach the manager as they happen, not up to a heartbeat
+                # interval later: each is a step of a rung it waits for.
+                if time.monotonic() >= next_hb or milestones != self._milestones:
+                    self._send(AgentHeartbeat(ranks=progress))
+                    self._milestones = milestones
                     next_hb = time.monotonic() + self.s.heartbeat_interval_s
-                time.sleep(tick_s)
+                self._wake.wait(tick_s)
+                self._wake.clear()
         except AgentExit:
             self._stop_ranks(None)
             raise
+
+    def _rank_exited(self, ex: RankExit) -> None:
+        self._exits.put(ex)
+        self._wake.set()
 
     def _drain_exits(self) -> None:
         while True:
@@ -584,3 +599,31 @@ class ManagedAgent:
             record = snap if snap is not None and snap.pid == proc.pid else None
             out.append(RankProgress(rank=rank, pid=proc.pid, alive=proc.alive, record=record))
         return tuple(out)
+
+
+def _milestones(progress: tuple[RankProgress, ...]) -> tuple[tuple[Any, ...], ...]:
+    """What in the ranks' progress the manager acts on (phases, a recovery's stamps, a failed
+    step, last words), not the step counters that move every step."""
+    out: list[tuple[Any, ...]] = []
+    for p in progress:
+        r = p.record
+        if r is None:
+            out.append((p.rank, p.pid, p.alive))
+            continue
+        out.append(
+            (
+                p.rank,
+                p.pid,
+                p.alive,
+                r.phase,
+                r.generation,
+                r.comm_ready_at,
+                r.state_loaded_at,
+                r.first_commit_at,
+                r.failed_step,
+                r.command_seq,
+                r.dumped_at,
+                r.dump_failed_at,
+            )
+        )
+    return tuple(out)
