@@ -42,7 +42,7 @@ class HangSettings:
     first step after a recovery).
 
     ``floor_s`` is there for jitter only: the worker ticks every 0.1 s and the agent reads
-    every 0.05 s, and on a loaded two-core machine a runnable process can wait a few hundred
+    every 0.02 s, and on a loaded two-core machine a runnable process can wait a few hundred
     milliseconds for a core. Half a second is five missed ticks, above that wait and below
     three steps of any job whose steps take more than about 0.17 s.
     """

@@ -225,11 +225,13 @@ class ManagedAgent:
         self.ranks.clear()
         self._readers.clear()
         self._mailboxes.clear()
+        if self.use_standby and self._live_zygote() is None:
+            # Every rank forked from one zygote: torch is imported once for the pod, not once
+            # per rank, and the zygote is warm for the next restart from the start.
+            self._start_zygote()
         for local in range(self.args.nproc_per_node):
             self._start_rank(local, generation, join=False)
-        # A new zygote (when there is none) starts once these ranks train: on two cores,
-        # importing torch for it beside ranks that import it too would slow down this start.
-        self._zygote_at = time.monotonic() + 30.0
+        self._zygote_at = time.monotonic() + 30.0  # a zygote that died is replaced then
         self._announce(lambda pids: RanksStarted(pids=pids, started_at=self._started_at()))
 
     def _started_at(self) -> float:
@@ -299,9 +301,12 @@ class ManagedAgent:
             return
         self._zygote_at = None
         if self._live_zygote() is None:
-            env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
-            env.setdefault("OMP_NUM_THREADS", "1")
-            self._zygote = start_zygote(env, self.pod_dir / "logs" / "standby.log")
+            self._start_zygote()
+
+    def _start_zygote(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self._zygote = start_zygote(env, self.pod_dir / "logs" / "standby.log")
 
     def _live_zygote(self) -> Zygote | None:
         if self._zygote is not None and not self._zygote.alive:
@@ -386,7 +391,10 @@ class ManagedAgent:
             )
         else:
             self._start_ranks(hello.generation)
-        tick_s = min(self.args.monitor_interval_s, 0.05)
+        # Orders and exits wake the loop at once; the tick bounds how late a change in a
+        # rank's heartbeat record (a failed step, a recovery's phase) is seen. Reading the
+        # records is a few memory reads, so a short tick costs little.
+        tick_s = min(self.args.monitor_interval_s, 0.02)
         next_hb = 0.0
         try:
             return self._loop(tick_s, next_hb)

@@ -2,7 +2,9 @@
 
 Starting a Python process and importing torch takes seconds on a small machine (ANCHORS: about
 3.5 s of torchrun's 7.75 s restart). An agent keeps one zygote (a spare agent too, for all its
-rank slots). It imports torch and the modules a rank needs once, then serves orders, one JSON
+rank slots). It imports torch and the modules a rank needs once (``torch.distributed``, its
+checkpoint package, DDP, and ``torch._dynamo``, which DDP's constructor imports), then serves
+orders, one JSON
 line each on stdin, ``{"argv", "module", "env", "cwd", "log"}``, for as long as its stdin is
 open. For each order it forks twice: the intermediate process forks the rank and exits at once,
 the zygote reaps it, so the rank is reparented to the agent (a child subreaper), which waits for
@@ -245,6 +247,7 @@ def main() -> None:
     waiter = threading.Thread(target=wait_for_order, name="zygote-order", daemon=True)
     waiter.start()
     import torch
+    import torch._dynamo  # DDP's constructor imports it: 1-1.5 s of a new rank's start here
     import torch.distributed
     import torch.distributed.checkpoint
     import torch.nn.parallel  # noqa: F401

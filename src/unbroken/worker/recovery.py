@@ -134,7 +134,7 @@ class RecoverySettings:
     command_timeout_s: float = 120.0
     comm_timeout_s: float = 30.0
     ckpt_timeout_s: float = 600.0
-    poll_interval_s: float = 0.02
+    poll_interval_s: float = 0.005  # the mailbox poll while stopped: one stat() each
     op_retry: OpRetrySettings | None = None  # HCCL_OP_RETRY_*: None when off for this group
 
     @classmethod
