@@ -15,8 +15,12 @@ file a fresh agent of the pod would have been started with. It then becomes that
 pod's ranks, and any later replacement of them. End of input without an order (the run is over,
 or the node is no longer free): the zygote is let go and the spare exits 0.
 
-The zygote warms up in the background (nice 19 where it may come back: the node's cores may be
-the job's), until the order comes. It is started with the manager's environment; each rank it
+The zygote warms up at normal priority. A spare's cores are its own on a cluster; in the embedded
+cluster they are the job's, and the one import (a few CPU seconds, once per job and node, beside
+the pods' own zygotes at the job's start) slows the job's start while it runs. At the lowest
+priority it would not finish beside four busy ranks on two cores, and a ``recover`` would wait
+for it (MTTR 8.9 s against 1-2 s with the zygote warm: ``bench/recovery.py --configs
+unbroken-recover``). It is started with the manager's environment; each rank it
 forks takes its rank's whole environment, so nothing pod-specific is fixed before the order.
 The spare process is the ranks' parent (a child subreaper) from the start.
 
@@ -75,9 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
     env.setdefault("OMP_NUM_THREADS", "1")
-    # A spare node has nothing else to run; on the embedded cluster it shares the job's cores,
-    # so its zygote warms up in the background.
-    zygote = start_zygote(env, ns.log_dir / "standby.log", background=True)
+    # At normal priority: warm before the fault it is kept for (see the module doc).
+    zygote = start_zygote(env, ns.log_dir / "standby.log")
     line = sys.stdin.readline()
     sys.stdin.close()
     if not line.strip():

@@ -139,10 +139,6 @@ class ExecutorHost(Protocol):
         resume at that step from a replica."""
         ...
 
-    def first_step_committed(self) -> bool:
-        """Whether every rank committed a step in the current generation."""
-        ...
-
     def finish(self, succeeded: bool, reason: str) -> None: ...
 
     def fault_detected(self, fault: Fault, now: float) -> None: ...
@@ -729,10 +725,10 @@ class Executor:
         ]
 
     def keep_spares(self, now: float) -> None:
-        """One warm spare agent per free node while the job trains undisturbed (its first
-        step of this generation committed, no incident): started then, not beside the job's
-        own start, because on a small machine its standbys' torch imports would slow that
-        down. A spare on a node that is no longer free is let go."""
+        """One warm spare agent per free node while no incident is being handled, from the
+        job's start: its zygote imports torch once, beside the pods' own zygotes (one each), so
+        that it is warm before the first fault it is kept for. A spare on a node that is no
+        longer free is let go."""
         if not self.use_spares or self.m.finished or now < self._spares_checked_at:
             return
         self._spares_checked_at = now + 1.0
@@ -744,13 +740,9 @@ class Executor:
             if (node not in free and node in running) or self._unfit(node) or not spare.alive:
                 del self.spares[node]
                 let_go(spare, timeout_s=0.0 if not spare.alive else 5.0)
-        training = (
-            self.m.incident is None
-            and self.pending_rejoin is None
-            and self.pending_dump is None
-            and self.m.first_step_committed()
-        )
-        if not training:
+        if not (
+            self.m.incident is None and self.pending_rejoin is None and self.pending_dump is None
+        ):
             return
         for node in free:
             if node not in self.spares:

@@ -210,9 +210,6 @@ class JobManager:
         self.open_store()
         return self.generation
 
-    def first_step_committed(self) -> bool:
-        return self.phases_done.get("first") == self.generation
-
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
         self.open_store(self.job.master_port or 0)
