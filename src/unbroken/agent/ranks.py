@@ -274,6 +274,20 @@ class Zygote:
         _waited.discard(self.pid)
 
 
+def _end_group(pid: int) -> None:
+    """Once the rank ``pid`` exited, and before it is reaped (while its pid still names its
+    process group): kill what it left in its group. A rank's data loader workers are forked
+    with its gloo sockets, and while one lives on, the peers never see the dead rank's links
+    close: they would wait out the collective's timeout instead of failing at once. A rank is
+    a session leader, so its group holds its own descendants only."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        return  # not this process's child: its group is not ours to end
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 class RankProcess:
     """A started rank. ``on_exit`` is called once, from a watcher thread, when it exits.
 
@@ -374,6 +388,7 @@ class RankProcess:
                         os.waitpid(pid, 0)
                     _waited.discard(pid)
                 return
+        _end_group(self._proc.pid if self._proc is not None else self.pid)
         returncode = self._proc.wait() if self._proc is not None else self._reap(self.pid)
         _waited.discard(self.pid)
         self._report(returncode)
