@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
-from unbroken.worker import agreement, rng
+from unbroken.worker import agreement, forks, rng
 from unbroken.worker.agreement import ReplicasDiverged
 from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.data import Batches
@@ -611,6 +611,8 @@ def init(
     except BaseException:
         session._fail()
         raise
+    # Data loader workers forked from now on must not hold this rank's links open.
+    forks.install()
     _active = session
     session._start()
     return session
