@@ -12,7 +12,7 @@ unbroken-pod       ``bench/jobs/pod-level.yaml`` (+ pod-rescheduling on): the fa
 unbroken-inpod     ``bench/jobs/in-pod.yaml`` (no fault-scheduling): the agents restart ranks
 unbroken-rip       ``bench/jobs/recover-in-place.yaml`` (fault-scheduling grace,
                    recover-strategy recover-in-place): the dead rank alone gets a new process
-                   (the agent's warm standby); the healthy ranks keep theirs, rejoin a new
+                   (the agent's zygote forks it); the healthy ranks keep theirs, rejoin a new
                    rendezvous generation in process and redo the interrupted step
 unbroken-recover   ``bench/jobs/recover.yaml`` (grace, pod-rescheduling on, recover-strategy
                    recover): the faulty pod is placed again, the other pod's ranks keep their

@@ -7,7 +7,7 @@ fault injection, can take a whole node down (every process of every pod on it, S
 Detection never uses this privileged view: a lost node is found by its agents' missed heartbeats.
 
 A *spare* (:class:`Spare`) is an agent process waiting on a free node with its rank slots'
-standbys warm (:mod:`unbroken.agent.spare`); a pod placed on that node takes it over
+zygote warm (:mod:`unbroken.agent.spare`); a pod placed on that node takes it over
 (:func:`assume`) instead of starting a cold agent whose ranks import torch from scratch.
 """
 
@@ -213,7 +213,7 @@ def assume(
 
 
 def let_go(spare: Spare, timeout_s: float = 5.0) -> None:
-    """End a spare that no pod took: it lets its standbys go when its input closes."""
+    """End a spare that no pod took: it lets its zygote go when its input closes."""
     if spare.alive and spare.proc.stdin is not None:
         with contextlib.suppress(BrokenPipeError, ValueError):
             spare.proc.stdin.close()
