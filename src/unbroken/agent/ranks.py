@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from unbroken.agent.image import OwnChild
+
 log = logging.getLogger(__name__)
 
 #: Phrases with which gloo/c10d report that the failure came from another rank.
@@ -190,7 +192,7 @@ class Zygote:
     stdin from a writer thread (the agent never blocks on a zygote still importing), replies
     come back on a pipe to a reader thread, one per order, in order."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], replies: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes] | OwnChild, replies: int) -> None:
         self.proc = proc
         self.pid = proc.pid
         self._replies = replies
@@ -475,12 +477,33 @@ def _exists(pid: int) -> bool:
     return True
 
 
+#: A zygote forked with this agent from the node's image (:mod:`unbroken.agent.image`), and
+#: the log it writes to, until :func:`start_zygote` takes it over.
+_prestarted: tuple[Zygote, Path] | None = None
+
+
+def prestarted(proc: OwnChild, replies: int, log_path: Path) -> None:
+    """Keep the zygote ``proc`` (orders on its stdin, replies on ``replies``) that this
+    process forked from itself with torch already imported, for :func:`start_zygote`."""
+    global _prestarted
+    _waited.add(proc.pid)
+    _prestarted = (Zygote(proc, replies), log_path)
+
+
 def start_zygote(
     env: Mapping[str, str], log_path: Path, *, background: bool = False
 ) -> Zygote | None:
     """A zygote (torch imported, forking ranks on order: :mod:`unbroken.agent.standby`) that
     logs to ``log_path``; ``background``: it warms up at the lowest priority. None where this
-    process cannot be the parent of the ranks it forks (no child subreaper)."""
+    process cannot be the parent of the ranks it forks (no child subreaper). The zygote this
+    agent was forked with from the node's image is taken when it logs to ``log_path``."""
+    global _prestarted
+    if _prestarted is not None:
+        zygote, path = _prestarted
+        _prestarted = None
+        if path.resolve() == log_path.resolve() and zygote.alive:
+            return zygote
+        zygote.close()
     if not become_subreaper():
         log.warning("no child subreaper here: ranks start without a zygote")
         return None

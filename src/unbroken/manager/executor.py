@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from unbroken.agent.image import Image
 from unbroken.chaos import ChaosFault
 from unbroken.devices import DeviceFaulted, DeviceRecovered
 from unbroken.faults import CodeTable, Fault, FaultKind
@@ -197,6 +198,8 @@ class Executor:
         self.spares: dict[str, Spare] = {}
         self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
         self._spares_checked_at = 0.0
+        #: The node image agents are forked from (:meth:`start_image`); None: cold agents.
+        self.image: Image | None = None
         self.unplaced: tuple[str, ...] | None = None  # pods waiting for room to be placed
         #: Commands held back by a ``BackOff`` (a fault recurred without progress): when they
         #: are due, and what they are. A newer rung's decision replaces them.
@@ -754,6 +757,7 @@ class Executor:
                     env=env,
                     log_dir=self.run_dir / "spares" / node,
                     cwd=self.job.workdir,
+                    image=self.image,
                 )
                 self.spares[node] = spare
                 self.ledger.record_raw("SpareStarted", {"node": node, "pid": spare.proc.pid})
@@ -775,6 +779,19 @@ class Executor:
             spare.proc.kill()
             spare.proc.wait()
 
+    def start_image(self) -> None:
+        """Start the node image (:mod:`unbroken.agent.image`): torch imported once for every
+        agent and zygote of the embedded cluster's nodes, which share this machine. Off with
+        the zygotes (UNBROKEN_STANDBY=0); agents start cold where it cannot start."""
+        if not self.use_spares or self.image is not None:
+            return
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            self.image = Image.start(env, self.job.workdir, self.run_dir / "image.log")
+        except OSError as exc:
+            log.warning("no node image (agents start cold): %s", exc)
+
     def stop_all(self, grace_s: float | None, success: bool) -> None:
         for node in list(self.spares):
             let_go(self.spares.pop(node))
@@ -788,6 +805,9 @@ class Executor:
                 p.reap(5.0)
             else:
                 p.kill_all()
+        if self.image is not None:
+            self.image.close()
+            self.image = None
 
     def _reschedule(self, pods: tuple[str, ...], grace_s: float | None) -> None:
         self._stop(pods, grace_s)
@@ -942,6 +962,7 @@ class Executor:
             env=env,
             log_path=log_path,
             cwd=self.job.workdir,
+            image=self.image,
         )
 
 

@@ -212,6 +212,8 @@ class JobManager:
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
+        # First: the node image imports torch while the rest of the start goes on.
+        self.executor.start_image()
         self.open_store(self.job.master_port or 0)
         self.server = build_server(self.secret, self.inbox, self.commands, answer_timeout_s=10.0)
         self.server.start()

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unbroken.agent.image import Image, OwnChild
 from unbroken.protocol.messages import JoinFrom
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class PodProcess:
     pod: str
     node: str
     generation: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | OwnChild
     started_at: float
     rank_pids: dict[int, int] = field(default_factory=dict)
     last_heartbeat_at: float = 0.0
@@ -111,6 +112,43 @@ def agent_argv(
     ]
 
 
+def _from_image(
+    image: Image | None,
+    *,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    out: int,
+    zygote_log: Path,
+    with_stdin: bool = False,
+) -> OwnChild | None:
+    """The agent ``argv`` (``python -m MODULE ...``) forked from the node's image, or None
+    (no image, or it could not: the caller starts the agent cold)."""
+    if image is None or list(argv[:2]) != [sys.executable, "-m"]:
+        return None
+    if with_stdin:
+        stdin, writer = os.pipe()
+    else:
+        stdin, writer = os.open(os.devnull, os.O_RDONLY), -1
+    try:
+        pid = image.launch(
+            module=argv[2],
+            argv=argv[3:],
+            env=env,
+            cwd=cwd,
+            out=out,
+            stdin=stdin,
+            zygote_log=zygote_log,
+        )
+    finally:
+        os.close(stdin)
+    if pid is None:
+        if writer >= 0:
+            os.close(writer)
+        return None
+    return image.child(pid, os.fdopen(writer, "wb") if writer >= 0 else None)
+
+
 def start_pod(
     *,
     pod: str,
@@ -120,20 +158,32 @@ def start_pod(
     env: Mapping[str, str],
     log_path: Path,
     cwd: Path,
+    image: Image | None = None,
 ) -> PodProcess:
+    """Start the agent of ``pod``: forked from ``image`` where there is one (its zygote warm
+    at once), else as a new process."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         out.write(f"=== agent for {pod} on {node}, generation {generation}\n".encode())
         out.flush()
-        proc = subprocess.Popen(
-            argv,
-            env=dict(env),
+        proc: subprocess.Popen[bytes] | OwnChild | None = _from_image(
+            image,
+            argv=argv,
+            env=env,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            out=out.fileno(),
+            zygote_log=log_path.parent / "logs" / "standby.log",
         )
+        if proc is None:
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     log.info("started agent of %s on %s (pid %d)", pod, node, proc.pid)
     return PodProcess(pod=pod, node=node, generation=generation, proc=proc, started_at=time.time())
 
@@ -143,7 +193,7 @@ class Spare:
     """A warm spare agent on ``node`` (see :mod:`unbroken.agent.spare`)."""
 
     node: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | OwnChild
     started_at: float
 
     @property
@@ -152,29 +202,47 @@ class Spare:
 
 
 def start_spare(
-    *, node: str, nproc: int, env: Mapping[str, str], log_dir: Path, cwd: Path
+    *,
+    node: str,
+    nproc: int,
+    env: Mapping[str, str],
+    log_dir: Path,
+    cwd: Path,
+    image: Image | None = None,
 ) -> Spare:
+    """Start a spare agent on ``node``: forked from ``image`` where there is one."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "unbroken.agent.spare",
+        "--nproc",
+        str(nproc),
+        "--log-dir",
+        str(log_dir),
+    ]
     with (log_dir / "agent.log").open("ab") as out:
         out.write(f"=== spare agent on {node}\n".encode())
         out.flush()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "unbroken.agent.spare",
-                "--nproc",
-                str(nproc),
-                "--log-dir",
-                str(log_dir),
-            ],
-            env=dict(env),
+        proc: subprocess.Popen[bytes] | OwnChild | None = _from_image(
+            image,
+            argv=argv,
+            env=env,
             cwd=cwd,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            out=out.fileno(),
+            zygote_log=log_dir / "standby.log",
+            with_stdin=True,
         )
+        if proc is None:
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     log.info("started a spare agent on %s (pid %d)", node, proc.pid)
     return Spare(node=node, proc=proc, started_at=time.time())
 

@@ -34,6 +34,7 @@ step, even on a replacement process, draws what a fault-free run drew.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
@@ -437,7 +438,8 @@ class Session:
                     self._recovery.sync.detach()
                     if self.checkpointer is not None:
                         self.checkpointer.use_group(None)
-                    gc.collect()
+                    if self._recovery.recoveries:
+                        gc.collect()  # only recoveries leave groups behind (0.3 s with torch)
         except BaseException:
             self._fail()
             raise
@@ -496,6 +498,20 @@ def _store_ports() -> list[int]:
         if isinstance(store, TCPStore):
             ports.append(store.port)
     return ports
+
+
+_exit_hook_installed = False
+
+
+def _freeze_at_exit() -> None:
+    """At interpreter exit, move every object to the collector's permanent generation: the
+    final collections then skip torch's hundreds of thousands of module objects, which took
+    1-2 s of CPU per rank at each exit. Objects are still freed by reference count (an open
+    file is flushed as before); only garbage in reference cycles is left to the OS."""
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        atexit.register(gc.freeze)  # runs after exit handlers registered later (LIFO)
+        _exit_hook_installed = True
 
 
 def init(
@@ -613,6 +629,7 @@ def init(
         raise
     # Data loader workers forked from now on must not hold this rank's links open.
     forks.install()
+    _freeze_at_exit()
     _active = session
     session._start()
     return session

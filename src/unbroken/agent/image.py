@@ -1,0 +1,437 @@
+"""A node's image: one process with torch imported, from which the node's agents are forked.
+
+Every agent keeps a zygote (:mod:`unbroken.agent.standby`) that imports torch once for its
+ranks: a few CPU seconds. In the embedded cluster every node's agents run on one machine, and
+at a job's start each pod's agent and each spare's imported torch at the same time, on the
+same cores (three imports on two cores were most of a small job's start). The image imports it
+once. Each agent is forked from it and, before the agent's code runs (the process has one
+thread then), forks its zygote from itself: the zygote is warm from its first moment, and a
+replacement pod's agent starts in milliseconds.
+
+The image is started by the job manager (:class:`Image`) with one end of a Unix socket pair
+(``--socket-fd``; ``SOCK_SEQPACKET``: one message per request or reply). It imports, says
+``ready``, then serves requests until the manager's end closes. A request is a JSON object
+``{"module", "argv", "env", "cwd", "zygote_log"}`` with two file descriptors, the agent's stdin
+and its stdout (stderr goes there too). The image forks the agent and replies ``pid N`` (or
+``error ...``); when an agent exits, the image reaps it and says ``exit N CODE``.
+
+The agent is the image's child, in a session of its own, with the signal dispositions the
+interpreter starts with, the request's environment and working directory, and runs ``module``
+as ``__main__`` with ``argv`` (``runpy``), as ``python -m module argv`` would. Its zygote logs
+to ``zygote_log``; the agent takes it over when it starts a zygote logging there
+(:func:`unbroken.agent.ranks.start_zygote`), and lets it go otherwise. Standard library and
+torch only; the manager's side imports no torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import runpy
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+log = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 1 << 20
+#: Descriptors the image holds besides its socket: an agent forked from it closes them.
+_held: set[int] = set()
+
+
+# ---- processes known by pid -------------------------------------------------------------
+
+
+class OwnChild:
+    """A child of this process started by ``fork`` (not :mod:`subprocess`), with the part of
+    ``Popen``'s interface the agents and the manager use."""
+
+    def __init__(self, pid: int, stdin: IO[bytes] | None = None) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1  # reaped elsewhere: its status is unknown
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.005)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ImageChild(OwnChild):
+    """An agent forked by the image: the image is its parent, and says when it exits."""
+
+    def __init__(self, pid: int, image: Image, stdin: IO[bytes] | None = None) -> None:
+        super().__init__(pid, stdin)
+        self._image = image
+        self._exited = threading.Event()
+
+    def exited(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._image.gone and not _exists(self.pid):
+            self.exited(-1)  # the image died first: the exit was not seen
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            self._exited.wait(0.05 if left is None else min(left, 0.05))
+        return code
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---- the manager's side -----------------------------------------------------------------
+
+
+class Image:
+    """The job manager's handle on a node image: :meth:`launch` forks an agent from it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc = proc
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._replies: list[str] = []
+        self._replied = threading.Condition()
+        self._children: dict[int, ImageChild] = {}
+        self._exits: dict[int, int] = {}  # exits heard before the child was registered
+        self.gone = False
+        threading.Thread(target=self._read, name="image-replies", daemon=True).start()
+
+    @classmethod
+    def start(cls, env: Mapping[str, str], cwd: Path, log_path: Path) -> Image:
+        """Start an image that imports with ``env`` and logs to ``log_path``."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with log_path.open("ab") as out:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-u",
+                        "-m",
+                        "unbroken.agent.image",
+                        "--socket-fd",
+                        str(theirs.fileno()),
+                    ],
+                    env=dict(env),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(theirs.fileno(),),
+                )
+        except OSError:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        return cls(proc, mine)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(_MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            text = data.decode(errors="replace")
+            if text == "ready":
+                self._ready.set()
+            elif text.startswith("exit "):
+                _, pid, code = text.split()
+                with self._lock:
+                    child = self._children.pop(int(pid), None)
+                    if child is None:
+                        self._exits[int(pid)] = int(code)
+                if child is not None:
+                    child.exited(int(code))
+            else:
+                with self._replied:
+                    self._replies.append(text)
+                    self._replied.notify_all()
+        self.gone = True
+        self._ready.set()
+        with self._replied:
+            self._replied.notify_all()
+
+    def launch(
+        self,
+        *,
+        module: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        out: int,
+        stdin: int,
+        zygote_log: Path,
+        ready_timeout_s: float = 120.0,
+    ) -> int | None:
+        """Fork an agent running ``python -m module argv``; its pid, or None when the image
+        cannot (gone, or not ready in time: start the agent cold instead)."""
+        if not self._ready.wait(ready_timeout_s) or self.gone:
+            return None
+        request = {
+            "module": module,
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": str(cwd),
+            "zygote_log": str(zygote_log),
+        }
+        with self._lock:
+            try:
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, out])
+            except OSError:
+                return None
+            with self._replied:
+                while not self._replies and not self.gone:
+                    self._replied.wait(1.0)
+                reply = self._replies.pop(0) if self._replies else ""
+        if not reply.startswith("pid "):
+            if reply:
+                log.warning("the node image could not start an agent: %s", reply)
+            return None
+        return int(reply[4:])
+
+    def child(self, pid: int, stdin: IO[bytes] | None = None) -> ImageChild:
+        """The handle of the agent ``pid`` that :meth:`launch` started."""
+        child = ImageChild(pid, self, stdin)
+        with self._lock:
+            code = self._exits.pop(pid, None)
+            if code is None:
+                self._children[pid] = child
+        if code is not None:
+            child.exited(code)
+        return child
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Let the image go (it exits when its socket closes)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._sock.close()
+
+
+# ---- the image --------------------------------------------------------------------------
+
+
+def _send(sock: socket.socket, text: str) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(text.encode())
+
+
+def _exit_code(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives, as the interpreter computes it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _exit_after(run: Callable[[], object]) -> NoReturn:
+    """In a process forked from the image: run ``run``, then exit as the interpreter would
+    (non-daemon threads joined, exit handlers run, an uncaught exception printed, the status
+    of ``sys.exit``), but without unwinding into the image's loop or tearing down its modules."""
+    try:
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # as the interpreter: print it, exit 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what the interpreter runs at its exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _be_agent(
+    request: dict[str, Any], fds: list[int], sock: socket.socket, signals: dict[int, Any]
+) -> None:
+    """In the forked agent: shed what is the image's, fork the zygote, run the agent."""
+    sock.close()
+    for fd in _held:  # the image's selector and its other agents' pidfds
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    os.setsid()
+    stdin, out = fds
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(stdin, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for fd in fds:
+        os.close(fd)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig, handler in signals.items():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            signal.signal(sig, handler)
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in request["env"].items()})
+    os.chdir(str(request["cwd"]))
+    module = str(request["module"])
+    sys.argv = [module, *(str(a) for a in request["argv"])]
+    _prestart_zygote(Path(str(request["zygote_log"])), signals)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _prestart_zygote(log_path: Path, signals: dict[int, Any]) -> None:
+    """In a newly forked agent (one thread): fork its zygote, and leave it for the agent to
+    take (:func:`unbroken.agent.ranks.start_zygote`)."""
+    from unbroken.agent import ranks, standby
+    from unbroken.agent.env import CONTROL_VARS
+
+    if not ranks.become_subreaper():
+        return
+    orders, orders_end = os.pipe()
+    replies, reply_end = os.pipe()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    pid = os.fork()
+    if pid == 0:  # the zygote
+        try:
+            os.setsid()
+            out = os.open(str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(orders, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            for fd in (orders, orders_end, replies, out):
+                os.close(fd)
+            env = {k: v for k, v in os.environ.items() if k not in CONTROL_VARS}
+            env.setdefault("OMP_NUM_THREADS", "1")
+            os.environ.clear()
+            os.environ.update(env)
+        except BaseException:  # nothing may return into the agent
+            os._exit(70)
+        _exit_after(lambda: standby.serve_forked(reply_end, signals))
+    os.close(orders)
+    os.close(reply_end)
+    ranks.prestarted(OwnChild(pid, os.fdopen(orders_end, "wb", buffering=0)), replies, log_path)
+
+
+def _fork_for(
+    data: bytes, fds: list[int], sock: socket.socket, signals: dict[int, Any]
+) -> int | str:
+    """Fork the agent a request asks for: its pid, or the ``error`` reply."""
+    try:
+        request = json.loads(data)
+        if not isinstance(request, dict) or len(fds) != 2:
+            raise ValueError("a request is a JSON object with two descriptors")
+        for key in ("module", "argv", "env", "cwd", "zygote_log"):
+            if key not in request:
+                raise ValueError(f"the request has no {key!r}")
+        pid = os.fork()
+    except (ValueError, OSError) as exc:
+        return f"error {exc}"
+    if pid == 0:
+        _exit_after(lambda: _be_agent(request, fds, sock, signals))
+    return pid
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    sock = socket.socket(fileno=int(args[args.index("--socket-fd") + 1]))
+    began = time.monotonic()
+    from unbroken.agent import standby
+
+    signals = standby.startup_signals()
+    standby.warm_imports()
+    print(
+        f"{time.time():.3f} node image {os.getpid()} ready (imports took "
+        f"{time.monotonic() - began:.2f} s)",
+        flush=True,
+    )
+    _send(sock, "ready")
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    _held.add(sel.fileno())
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is sock:
+                try:
+                    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+                except OSError:
+                    data, fds = b"", []
+                if not data:  # the manager let go: its agents are its own to end
+                    sys.stdout.flush()
+                    os._exit(0)
+                pid = _fork_for(data, fds, sock, signals)
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                if isinstance(pid, str):
+                    _send(sock, pid)
+                    continue
+                pidfd = os.pidfd_open(pid)
+                _held.add(pidfd)
+                sel.register(pidfd, selectors.EVENT_READ, pid)
+                _send(sock, f"pid {pid}")
+            else:
+                sel.unregister(key.fileobj)
+                _held.discard(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(key.data, 0)
+                _send(sock, f"exit {key.data} {os.waitstatus_to_exitcode(status)}")
+
+
+if __name__ == "__main__":
+    main()
