@@ -106,9 +106,10 @@ def is_stopped(pid: int) -> bool:
 class Cluster:
     """Launches generations of ranks; ends every process it started on close."""
 
-    def __init__(self, root: Path, world_size: int = 2) -> None:
+    def __init__(self, root: Path, world_size: int = 2, script: Path = EXAMPLE) -> None:
         self.root = root
         self.world_size = world_size
+        self.script = script
         self.generations: list[Generation] = []
         self._stores: list[Any] = []
 
@@ -119,7 +120,10 @@ class Cluster:
         managed: bool = True,
         generation: int | None = None,
         extra_env: Mapping[str, str] | None = None,
+        world_size: int | None = None,
     ) -> Generation:
+        """Start one process per rank (``world_size`` of them; default: the cluster's)."""
+        world = self.world_size if world_size is None else world_size
         gen = len(self.generations) if generation is None else generation
         store = dist.TCPStore(  # type: ignore[attr-defined]
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
@@ -127,14 +131,14 @@ class Cluster:
         self._stores.append(store)
         procs = []
         self.root.mkdir(parents=True, exist_ok=True)
-        for rank in range(self.world_size):
+        for rank in range(world):
             env = clean_env()
             env.update(
                 {
                     "RANK": str(rank),
                     "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(self.world_size),
-                    "LOCAL_WORLD_SIZE": str(self.world_size),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world),
                     "GROUP_RANK": "0",
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(store.port),
@@ -155,7 +159,7 @@ class Cluster:
             log = (self.root / f"gen{gen}-rank{rank}.log").open("wb")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(EXAMPLE), *args],
+                    [sys.executable, str(self.script), *args],
                     env=env,
                     cwd=self.root,
                     stdout=log,

@@ -45,7 +45,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -58,6 +57,7 @@ from unbroken.checkpoint.manifest import (
     verify,
     write_manifest,
 )
+from unbroken.checkpoint.modelstate import load_state_dicts, partial_reason, state_dicts
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Checkpointer:
         if self.rank == 0:
             _private_dir(self.root)
             path.mkdir(mode=0o700, exist_ok=True)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = state_dicts(model, optimizer)
         state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
@@ -299,6 +299,12 @@ class Checkpointer:
         A good checkpoint of ``step`` already there is kept as it is.
         """
         final = step_dir(self.root, step)
+        partial = partial_reason(model, optimizer)
+        if partial is not None:
+            raise CheckpointError(
+                f"no last words of step {step}: this rank cannot write the job's state alone: "
+                f"{partial}"
+            )
         try:
             verify(final, hashes=False)
         except CheckpointInvalid:
@@ -311,7 +317,7 @@ class Checkpointer:
             _private_dir(self.root)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(mode=0o700)
-            model_sd, optim_sd = get_state_dict(model, optimizer)
+            model_sd, optim_sd = state_dicts(model, optimizer)
             state: dict[str, Any] = {
                 "model": model_sd,
                 "optim": optim_sd,
@@ -388,7 +394,7 @@ class Checkpointer:
                 self.world_size,
                 self.rank,
             )
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = state_dicts(model, optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if extra:
             state[_RANKS] = {str(self.rank): extra}
@@ -400,9 +406,7 @@ class Checkpointer:
             )
         except Exception as e:
             raise CheckpointError(f"loading checkpoint {path} failed: {e}") from e
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
+        load_state_dicts(model, optimizer, state["model"], state["optim"])
         self._barrier()
         logger.info("restored checkpoint %s (step %d)", path, step)
         return Restored(

@@ -13,6 +13,9 @@ agreed on when it was saved.
 What diverges replicas in practice: state the script changes in the loop body without
 registering it (a scheduler stepped twice on ranks that redid a step, started fresh on a
 replacement), rank-dependent code, silent data corruption.
+
+With sharded state (:mod:`unbroken.worker.sharding`) the model and optimizer parts are
+compared among the ranks that hold the same shard; a shard held once is compared with nothing.
 """
 
 from __future__ import annotations
@@ -57,27 +60,42 @@ def check(
     parts = state.digests(committed)
     mine = _to_tensor(parts)
     gathered = gather(mine)
-    if all(torch.equal(g, mine) for g in gathered):
-        return
     names = list(parts)
     width = len(mine) // len(names)
     per_rank = [
         {name: g[i * width : (i + 1) * width].numpy().tobytes() for i, name in enumerate(names)}
         for g in gathered
     ]
-    # The majority's state is the reference; with a tie, the lowest rank's.
-    counts = Counter(tuple(p.values()) for p in per_rank)
-    best = max(counts.values())
-    reference = next(p for p in per_rank if counts[tuple(p.values())] == best)
-    ref_rank = per_rank.index(reference)
-    differ = tuple(r for r, p in enumerate(per_rank) if p != reference)
-    what = tuple(
-        name for name in names if any(per_rank[r][name] != reference[name] for r in differ)
-    )
+    sharding = state.sharding
+    differ: set[int] = set()
+    what: list[str] = []
+    references: set[int] = set()
+    for name in names:
+        # A sharded part is compared among the ranks that hold the same shard only.
+        classes: dict[int, list[int]] = {}
+        for rank in range(len(per_rank)):
+            key = sharding.shard_of[rank] if name in sharding.sharded_parts else 0
+            classes.setdefault(key, []).append(rank)
+        for ranks in classes.values():
+            # The majority's value is the reference; with a tie, the lowest rank's.
+            counts = Counter(per_rank[r][name] for r in ranks)
+            best = max(counts.values())
+            ref_rank = next(r for r in ranks if counts[per_rank[r][name]] == best)
+            bad = [r for r in ranks if per_rank[r][name] != per_rank[ref_rank][name]]
+            if bad:
+                differ.update(bad)
+                references.add(ref_rank)
+                if name not in what:
+                    what.append(name)
+    if not differ:
+        return
+    ranks_ = tuple(sorted(differ))
     raise ReplicasDiverged(
-        f"replicas diverged at step {committed}: rank(s) {', '.join(map(str, differ))} differ "
-        f"from rank {ref_rank} in {', '.join(what)}; resuming from the newest checkpoint "
+        f"replicas diverged at step {committed}: rank(s) {', '.join(map(str, ranks_))} differ "
+        f"from rank{'s' if len(references) > 1 else ''} "
+        f"{', '.join(map(str, sorted(references)))} in {', '.join(what)}; "
+        "resuming from the newest checkpoint "
         "(state changed in the loop body must be registered: unbroken.worker.init(state=...))",
-        ranks=differ,
-        parts=what,
+        ranks=ranks_,
+        parts=tuple(what),
     )

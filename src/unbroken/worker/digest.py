@@ -1,7 +1,9 @@
 """A digest of a model's state: equal digests mean bitwise-equal state.
 
 Recovery checks compare it across ranks before resuming, and tests compare the final model of
-a run that went through faults with a fault-free run's.
+a run that went through faults with a fault-free run's. A ``DTensor`` (FSDP2, HSDP) counts by
+its local shard: the digest is this rank's part of the state, equal on the ranks that hold the
+same shard (:mod:`unbroken.worker.sharding`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def state_digest(module: torch.nn.Module) -> str:
@@ -26,7 +33,7 @@ def state_digest(module: torch.nn.Module) -> str:
     for key, value in sorted(module.state_dict().items()):
         digest.update(key.encode())
         if isinstance(value, torch.Tensor):
-            tensor = value.detach().cpu().contiguous()
+            tensor = _local(value).detach().cpu().contiguous()
             digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
         else:
@@ -37,7 +44,7 @@ def state_digest(module: torch.nn.Module) -> str:
 def update_digest(digest: Any, value: object) -> None:
     """Feed ``value`` (tensors, mappings, sequences, scalars) into the hash ``digest``."""
     if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu().contiguous()
+        tensor = _local(value).detach().cpu().contiguous()
         digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     elif isinstance(value, Mapping):

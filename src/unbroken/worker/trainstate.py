@@ -17,6 +17,11 @@ the step is redone. Model parameters and optimizer state need no copy: the updat
 change them never ran. What the script keeps outside the session (an unregistered scheduler,
 a plain counter, an iterator of its own) is the script's to keep right; the agreement check
 (:mod:`unbroken.worker.agreement`) catches what diverges because of it.
+
+Sharded state (ZeRO, FSDP2, HSDP; :mod:`unbroken.worker.sharding`): the model and optimizer
+parts of :meth:`TrainState.digests` are this rank's shard (a ZeRO optimizer's is its local
+partition, with the hyperparameters of every group), equal only on the ranks that hold the same
+shard; the registered objects and the data position stay replicated on every rank.
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.worker.data import Batches
 from unbroken.worker.digest import state_digest, update_digest
+from unbroken.worker.sharding import Sharding, sharding_of
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 
 _RESERVED = ("model", "optimizer", "data")
@@ -53,6 +61,8 @@ class TrainState:
         self.model = model
         self.module = _module(model)
         self.optimizer = optimizer
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.sharding: Sharding = sharding_of(model, optimizer, world)
         self.objects: dict[str, Any] = {}
         for name, obj in (objects or {}).items():
             if not isinstance(name, str) or not name or name in _RESERVED:
@@ -155,7 +165,7 @@ class TrainState:
             "model": hashlib.sha256(state_digest(self.module).encode()).digest()
         }
         optimizer = hashlib.sha256()
-        update_digest(optimizer, self.optimizer.state_dict())
+        update_digest(optimizer, optimizer_state(self.optimizer))
         parts["optimizer"] = optimizer.digest()
         for name, obj in self.objects.items():
             h = hashlib.sha256()
@@ -174,3 +184,14 @@ class TrainState:
             h.update(name.encode())
             h.update(value)
         return h.digest()
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict on this rank: a ``ZeroRedundancyOptimizer``'s is its local
+    partition's state with the hyperparameters of every group (its own ``state_dict()`` needs
+    a collective first)."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        local = optimizer.optim.state_dict()
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        return {"state": local["state"], "param_groups": groups}
+    return optimizer.state_dict()

@@ -1,0 +1,183 @@
+"""Which ranks hold which part of the training state: replicas, shards and replicas of shards.
+
+A data-parallel (DDP) job holds the whole model and optimizer on every rank: any rank is a
+replica of any other. Sharded jobs split the state:
+
+- ``torch.distributed.optim.ZeroRedundancyOptimizer`` (ZeRO-1) over DDP: the model is
+  replicated, the optimizer state is partitioned over the ranks of the optimizer's process
+  group. A job whose ZeRO group is the whole world holds each partition once.
+- FSDP2 (``fully_shard``) on a 1-D mesh: parameters, gradients and optimizer state are
+  ``DTensor`` shards (``Shard(0)``), one per rank of the mesh, each held once.
+- HSDP: ``fully_shard`` on a 2-D mesh whose first dimension replicates (``Replicate()``) and
+  whose second shards: the ranks of one replica group split the state, and the rank at the
+  same shard position of every other group holds the same shard.
+
+:class:`Sharding` records, for every rank of the job, the index of the shard it holds
+(``shard_of``): ranks with the same index hold the same shard, bit for bit, and are each
+other's replicas for the sharded parts of the state. It is computed locally from the mesh or
+the optimizer's group, without a collective, so a replacement process computes what the ranks
+that survived computed. The agreement check (:mod:`unbroken.worker.agreement`) compares the
+sharded parts among replicas of the same shard only; in-process repair
+(:mod:`unbroken.worker.replica`) takes a lost shard from a replica of it, and a shard held
+once has none (:attr:`Sharding.unreplicated`): its state comes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+
+
+class Layout(StrEnum):
+    REPLICATED = "replicated"  # DDP, or one process
+    ZERO = "zero"  # ZeroRedundancyOptimizer over replicated parameters
+    FSDP = "fsdp"  # fully_shard on a 1-D mesh (or any mesh without a replicating dimension)
+    HSDP = "hsdp"  # fully_shard on a (replicate, shard) mesh
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How the state of a job of ``len(shard_of)`` ranks is split (see the module doc)."""
+
+    layout: Layout
+    shard_of: tuple[int, ...]  # rank -> index of the shard it holds
+    sharded_parts: frozenset[str]  # parts of TrainState.digests that are per shard
+
+    @property
+    def world_size(self) -> int:
+        return len(self.shard_of)
+
+    @property
+    def shards(self) -> int:
+        return len(set(self.shard_of))
+
+    def holders(self, rank: int) -> tuple[int, ...]:
+        """Every rank that holds ``rank``'s shard (``rank`` included)."""
+        mine = self.shard_of[rank]
+        return tuple(r for r, s in enumerate(self.shard_of) if s == mine)
+
+    @property
+    def unreplicated(self) -> bool:
+        """Whether some shard is held by one rank only (a lost rank's shard has no replica)."""
+        return bool(self.sharded_parts) and any(
+            len(self.holders(r)) < 2 for r in range(self.world_size)
+        )
+
+    @property
+    def copies(self) -> int:
+        """How many ranks hold each shard."""
+        return self.world_size // self.shards
+
+    def bytes_per_param(self, *, copies: int | None = None, dtype_bytes: int = 4) -> float:
+        """Bytes of training state a rank holds per model parameter, with Adam (parameter,
+        gradient and two moments, ``dtype_bytes`` each), in this layout or, with ``copies``,
+        in the same layout with that many copies of each shard over the same ranks. ZeRO
+        shards the two moments; FSDP2 and HSDP shard all four; DDP shards nothing."""
+        copies = self.copies if copies is None else copies
+        shards = self.world_size / copies
+        if self.layout is Layout.ZERO:
+            return 2 * dtype_bytes + 2 * dtype_bytes / shards
+        if self.sharded_parts:
+            return 4 * dtype_bytes / shards
+        return 4.0 * dtype_bytes
+
+    @property
+    def replica_bytes_per_param(self) -> float:
+        """What keeping ``copies`` of each shard costs a rank per parameter, over one copy."""
+        if not self.sharded_parts:
+            return 0.0
+        return self.bytes_per_param() - self.bytes_per_param(copies=1)
+
+    def describe(self) -> str:
+        if not self.sharded_parts:
+            return f"{self.layout}: every rank holds the whole state"
+        copies = self.copies
+        text = (
+            f"{self.layout}: {', '.join(sorted(self.sharded_parts))} in {self.shards} shard(s), "
+            f"{copies} cop{'y' if copies == 1 else 'ies'} of each"
+        )
+        if copies > 1:
+            text += (
+                f" ({self.bytes_per_param():g} bytes of fp32 Adam state per parameter per rank, "
+                f"{self.replica_bytes_per_param:g} more than one copy)"
+            )
+        return text
+
+
+class ShardingError(ValueError):
+    """A layout that the session cannot describe (see the message)."""
+
+
+def _mesh_sharding(param: DTensor, world: int) -> tuple[Layout, tuple[int, ...]]:
+    mesh = param.device_mesh
+    ranks = mesh.mesh  # the rank at every mesh coordinate
+    if ranks.numel() != world:
+        raise ShardingError(
+            f"parameter mesh of {ranks.numel()} ranks in a job of {world}: the session "
+            "supports meshes over every rank of the job"
+        )
+    shard_dims = [d for d, p in enumerate(param.placements) if p.is_shard()]
+    replicate_dims = [d for d, p in enumerate(param.placements) if p.is_replicate()]
+    shard_of = [0] * world
+    for coords in torch.cartesian_prod(*(torch.arange(n) for n in ranks.shape)).reshape(
+        -1, ranks.dim()
+    ):
+        index = 0
+        for d in shard_dims:
+            index = index * ranks.shape[d] + int(coords[d])
+        shard_of[int(ranks[tuple(int(c) for c in coords)])] = index
+    layout = Layout.HSDP if replicate_dims and shard_dims else Layout.FSDP
+    return layout, tuple(shard_of)
+
+
+def _zero_sharding(optimizer: ZeroRedundancyOptimizer, world: int) -> tuple[int, ...]:
+    group = optimizer.process_group
+    members = dist.get_process_group_ranks(group)
+    size = len(members)
+    if world % size or members != list(range(members[0], members[0] + size)):
+        raise ShardingError(
+            f"ZeroRedundancyOptimizer over ranks {members} of {world}: the session supports "
+            "a process group of the whole world or of consecutive blocks of equal size"
+        )
+    return tuple(r % size for r in range(world))
+
+
+def sharding_of(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int
+) -> Sharding:
+    """The layout of ``model`` and ``optimizer`` in a job of ``world_size`` ranks."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return Sharding(
+            Layout.ZERO, _zero_sharding(optimizer, world_size), frozenset({"optimizer"})
+        )
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            layout, shard_of = _mesh_sharding(param, world_size)
+            return Sharding(layout, shard_of, frozenset({"model", "optimizer"}))
+    return Sharding(Layout.REPLICATED, (0,) * world_size, frozenset())
+
+
+def in_process_refusal(sharding: Sharding) -> str | None:
+    """Why the in-process rungs (``retry``, ``recover-in-place``, ``recover``, ``dump``)
+    cannot restore this layout's state exactly (None: they can).
+
+    A shard held by one rank is lost with that rank: no healthy process holds it, so the rung
+    that could restore it is the restart from the newest checkpoint, with every rank. A shard
+    with replicas could be copied from one, but this version repairs whole replicas only;
+    last words need the whole state on one rank."""
+    if not sharding.sharded_parts:
+        return None
+    if sharding.unreplicated:
+        return (
+            f"{sharding.describe()}: a lost rank's shard has no replica on another rank, so "
+            "only the newest checkpoint can restore it; the job restarts from it"
+        )
+    return (
+        f"{sharding.describe()}: repairing a shard from its replica in process is not "
+        "supported in this version; the job restarts from the newest checkpoint"
+    )
