@@ -1,6 +1,7 @@
 """Sharded training state (ZeRO over DDP, FSDP2, HSDP) through the session: every rank writes
 its own shard of one checkpoint, a resumed run ends bitwise equal to a run that never stopped,
-and a checkpoint written by 4 ranks resumes on 2 with the same state."""
+a checkpoint written by 4 ranks resumes on 2 with the same state, and the session refuses the
+in-process rungs up front where no replica of a shard exists."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from worker_ranks import REPO, Cluster, read_result
 
 from unbroken.checkpoint import step_dir
+from unbroken.protocol.mailbox import MAILBOX
 from unbroken.worker.sharding import Layout, Sharding, in_process_refusal
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(600)]
@@ -82,6 +84,27 @@ def test_hsdp_checkpoint_of_4_ranks_resumes_on_2(tmp_path: Path) -> None:
     assert (resumed["world_size"], resumed["start_step"], resumed["steps"]) == (2, 10, 14)
     assert resumed["start_digest"] == at_10["digest"]
     assert resumed["digest"] != at_10["digest"]  # and it trained on from there
+
+
+def test_unreplicated_shards_turn_in_process_recovery_off_up_front(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, world_size=2, script=SCRIPT)
+    try:
+        gen = cluster.start(
+            ["--parallel", "fsdp", "--steps", "3"],
+            extra_env={MAILBOX: str(tmp_path / "mailbox-unused")},
+        )
+        gen.expect_success()
+        for rank in range(2):
+            record = gen.heartbeat(rank)
+            assert record is not None and record.committed == 3
+            assert record.recoverable == 0
+            assert (
+                "in-process recovery is off: fsdp: model, optimizer in 2 shard(s), 1 copy of "
+                "each: a lost rank's shard has no replica on another rank, so only the newest "
+                "checkpoint can restore it; the job restarts from it"
+            ) in gen.log(rank)
+    finally:
+        cluster.close()
 
 
 def test_layouts_say_which_ranks_hold_a_shard_and_what_replicas_cost() -> None:

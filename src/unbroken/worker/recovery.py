@@ -59,6 +59,11 @@ rank's random generators are
 reproduced on a replacement only with ``seed=`` given to ``unbroken.worker.init``. A peer that
 hangs (SIGSTOP) blocks the others' collective until the group's timeout or until it is killed;
 the manager kills a hung rank, which makes the others fail at once.
+
+Sharded state (ZeRO, FSDP2, HSDP: :mod:`unbroken.worker.sharding`) turns in-process recovery
+off, with the reason in the rank's log, and the rank's heartbeat says it cannot be repaired in
+process, so the manager skips the in-process rungs and restarts the job from its newest
+checkpoint, which restores every shard exactly (:mod:`unbroken.checkpoint.modelstate`).
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ from unbroken.worker.opretry import (
     op_retry_from_environ,
 )
 from unbroken.worker.replica import ReplicaError, repair
+from unbroken.worker.sharding import in_process_refusal
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.torchapi import (
     PrefixStore,
@@ -227,6 +233,13 @@ class Recovery:
         without it)."""
         model = state.model
         ranks = dist.get_world_size() if dist.is_initialized() else 1
+        refusal = in_process_refusal(state.sharding) if ranks > 1 else None
+        if refusal is not None:
+            if settings.join:
+                raise ValueError(f"cannot join as a replacement: {refusal}")
+            log = logger.warning if settings.mailbox is not None else logger.info
+            log("in-process recovery is off: %s", refusal)
+            return None
         if not isinstance(model, DistributedDataParallel) or ranks < 2:
             if settings.join:
                 raise ValueError(
