@@ -135,3 +135,25 @@ def test_layouts_say_which_ranks_hold_a_shard_and_what_replicas_cost() -> None:
         False,
         None,
     )
+
+
+def test_replicas_of_a_shard_are_compared_and_a_difference_is_caught(tmp_path: Path) -> None:
+    """HSDP 2 x 2: ranks 1 and 3 hold the same shard. Rank 3 changes its copy; the agreement
+    check names rank 3 and the model, on every rank, and compares no rank with a rank that
+    holds another shard (a fault-free run passes the same checks)."""
+    script = REPO / "tests" / "multiproc" / "sharded_diverge_rank.py"
+    for perturb, out in ((-1, tmp_path / "clean"), (3, tmp_path / "perturbed")):
+        out.mkdir()
+        cluster = Cluster(out, world_size=4, script=script)
+        try:
+            cluster.start(["--out", str(out), "--perturb", str(perturb)]).expect_success()
+        finally:
+            cluster.close()
+        texts = [(out / f"rank{r}.txt").read_text() for r in range(4)]
+        if perturb < 0:
+            assert texts == ["finished\n"] * 4
+            continue
+        for text in texts:
+            assert text.startswith("diverged\nreplicas diverged at step 4: rank(s) 3 differ "), text
+            assert "from rank 1 in model;" in text
+            assert text.endswith("[3] ['model']\n")
