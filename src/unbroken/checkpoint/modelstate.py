@@ -27,8 +27,9 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
+
+from unbroken.worker.sharding import is_zero
 
 _ZERO_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -53,7 +54,7 @@ def state_dicts(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's model and optimizer state dicts for a DCP save or load (see the module
     doc)."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         local = optimizer.optim
         _hyperparameters(optimizer.param_groups, local.param_groups)
         return get_state_dict(model, local, options=_ZERO_OPTIONS)
@@ -67,7 +68,7 @@ def load_state_dicts(
     optim_sd: dict[str, Any],
 ) -> None:
     """Load what :func:`state_dicts` gave and DCP filled in into ``model`` and ``optimizer``."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         local = optimizer.optim
         set_state_dict(
             model,
@@ -85,7 +86,7 @@ def load_state_dicts(
 def partial_reason(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
     """Why this rank does not hold the whole model and optimizer state (None: it does), so
     that it cannot write the job's state alone (last words)."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         return "the ZeroRedundancyOptimizer holds a partition of the optimizer state per rank"
     for name, param in model.named_parameters():
         if isinstance(param, DTensor) and any(p.is_shard() for p in param.placements):

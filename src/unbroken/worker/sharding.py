@@ -24,13 +24,17 @@ once has none (:attr:`Sharding.unreplicated`): its state comes from the newest c
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 class Layout(StrEnum):
@@ -109,6 +113,16 @@ class Sharding:
         return text
 
 
+def is_zero(optimizer: object) -> TypeGuard[ZeroRedundancyOptimizer]:
+    """Whether ``optimizer`` is a ``ZeroRedundancyOptimizer``, without importing
+    ``torch.distributed.optim`` (a script that uses one has imported it). Importing that package
+    changes how a rank lets go of a process group: one that left its group no longer closed its
+    links, and its peers waited out the collective timeout instead of failing at once."""
+    module = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    cls = getattr(module, "ZeroRedundancyOptimizer", None)
+    return cls is not None and isinstance(optimizer, cls)
+
+
 class ShardingError(ValueError):
     """A layout that the session cannot describe (see the message)."""
 
@@ -151,7 +165,7 @@ def sharding_of(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int
 ) -> Sharding:
     """The layout of ``model`` and ``optimizer`` in a job of ``world_size`` ranks."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         return Sharding(
             Layout.ZERO, _zero_sharding(optimizer, world_size), frozenset({"optimizer"})
         )

@@ -33,12 +33,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.worker.data import Batches
 from unbroken.worker.digest import state_digest, update_digest
-from unbroken.worker.sharding import Sharding, sharding_of
+from unbroken.worker.sharding import Sharding, is_zero, sharding_of
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 
 _RESERVED = ("model", "optimizer", "data")
@@ -190,7 +189,7 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state dict on this rank: a ``ZeroRedundancyOptimizer``'s is its local
     partition's state with the hyperparameters of every group (its own ``state_dict()`` needs
     a collective first)."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_zero(optimizer):
         local = optimizer.optim.state_dict()
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         return {"state": local["state"], "param_groups": groups}
