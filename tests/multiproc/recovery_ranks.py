@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -37,10 +36,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from forked import start_rank
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import unbroken.worker as ub
+from unbroken.agent.image import OwnChild
 from unbroken.worker.heartbeat import HeartbeatReader, HeartbeatRecord
 from unbroken.worker.mailbox import MailboxWriter
 
@@ -196,7 +197,9 @@ def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float = 60.0)
 class Rank:
     """One rank process with its heartbeat file and mailbox."""
 
-    def __init__(self, job: Job, rank: int, generation: int, proc: subprocess.Popen[bytes]):
+    def __init__(
+        self, job: Job, rank: int, generation: int, proc: subprocess.Popen[bytes] | OwnChild
+    ) -> None:
         self.job = job
         self.rank = rank
         self.generation = generation
@@ -276,15 +279,13 @@ class Job:
             )
         if join:
             env["UNBROKEN_JOIN"] = "1"
-        log = (self.root / f"rank{rank}-g{gen}.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--out", str(self.out), *self.args],
+        proc = start_rank(
+            SCRIPT,
+            ["--out", str(self.out), *self.args],
             env=env,
             cwd=self.root,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            log_path=self.root / f"rank{rank}-g{gen}.log",
         )
-        log.close()
         r = Rank(self, rank, gen, proc)
         self.ranks[rank] = r
         self.all.append(r)
