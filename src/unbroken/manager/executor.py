@@ -678,6 +678,16 @@ class Executor:
                 )
             )
             return
+        gone = tuple(p.name for p in self.job.pods if p.name not in self.m.pods)
+        if gone:
+            # An earlier rung stopped these pods and released their nodes: restarting only
+            # the others in place would leave the job without their ranks, idle. They are
+            # placed and started anew, and the others restart into their generation.
+            self.console.line(f"pod(s) {', '.join(gone)} stopped by an earlier rung: started anew")
+            self.unplaced = None
+            self.place_and_start(gone, prefer=self.warm_nodes(gone))
+            self._restart_others(gone)
+            return
         gen = self._next_generation(self._rung)
         for p in self.m.pods.values():
             p.generation = gen

@@ -347,3 +347,31 @@ def test_a_second_fault_starts_the_next_rung_and_the_first_rungs_outcomes_are_st
     restarts = [RestartRanks(generation=g, master_port=29500 + g) for g in (gen - 1, gen)]
     assert a0.orders() == restarts and a1.orders() == restarts
     assert job.m.executor.rung_of(gen) == second.generation
+
+
+def test_a_restart_in_place_starts_anew_a_pod_an_earlier_rung_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch)
+    a0, _ = job.agents
+    # An earlier rung stopped pod 1 and released its node (as a pod rescheduling does).
+    del job.m.pods[PODS[1]]
+    job.m.executor.cluster = job.m.executor.cluster.release(PODS[1])
+    started: list[tuple[str, int]] = []
+
+    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
+        started.append((pod, gen))
+        job.m.pods[pod] = PodProcess(
+            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
+        )  # type: ignore[arg-type]
+
+    monkeypatch.setattr(job.m.executor, "_start_agent", start_agent)
+    a0.send(RankExited(rank=0, pid=2000, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
+    job.tick()
+    (decision,) = job.events("DecisionMade")
+    assert decision["strategy"] == "process-restart"
+    # The stopped pod is placed and started into the new generation; the other restarts
+    # its ranks in place into the same one.
+    assert started == [(PODS[1], 1)] and job.m.generation == 1
+    assert a0.orders() == [RestartRanks(generation=1, master_port=29501)]
+    assert job.events("RecoveryFailed") == []
