@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -20,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from forked import start_rank
 
+from unbroken.agent.image import OwnChild
 from unbroken.worker.heartbeat import HeartbeatReader, HeartbeatRecord
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,9 @@ def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float = 180.0
 class Generation:
     """The rank processes of one generation, with their logs and heartbeat files."""
 
-    def __init__(self, root: Path, generation: int, procs: list[subprocess.Popen[bytes]]) -> None:
+    def __init__(
+        self, root: Path, generation: int, procs: list[subprocess.Popen[bytes] | OwnChild]
+    ) -> None:
         self.root = root
         self.generation = generation
         self.procs = procs
@@ -129,7 +132,7 @@ class Cluster:
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
         )
         self._stores.append(store)
-        procs = []
+        procs: list[subprocess.Popen[bytes] | OwnChild] = []
         self.root.mkdir(parents=True, exist_ok=True)
         for rank in range(world):
             env = clean_env()
@@ -156,17 +159,15 @@ class Cluster:
                     }
                 )
             env.update(extra_env or {})
-            log = (self.root / f"gen{gen}-rank{rank}.log").open("wb")
             procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(self.script), *args],
+                start_rank(
+                    self.script,
+                    args,
                     env=env,
                     cwd=self.root,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    log_path=self.root / f"gen{gen}-rank{rank}.log",
                 )
             )
-            log.close()
         generation_ = Generation(self.root, gen, procs)
         self.generations.append(generation_)
         return generation_
