@@ -24,9 +24,12 @@ Running
 - R4  fault at ``PreSeparateNPU``: ``IsolateDevice`` (``IsolateNode`` if no device is named);
   training goes on.
 - R5  ``SubHealth``, ``subHealthyStrategy=ignore``: nothing.
-- R6  ``SubHealth``, ``hotSwitch``: ``HotSwitch(pod)`` when the fault names a pod, a healthy
-  replica exists and a spare node is free or the pod is schedulable; otherwise nothing (the
-  reason says why).
+- R6  ``SubHealth``, ``hotSwitch``: ``HotSwitch(pod)`` when the fault names a pod that is not
+  the rank-0 pod (the reference never hot-switches it), a healthy replica exists and a spare
+  node is free (the backup runs beside the sub-healthy pod until the switch, so a node the
+  pod would only free itself does not do); otherwise nothing, training goes on on the
+  sub-healthy device (the reason says why). One pod per switch (a sub-health fault during a
+  switch is not acted on, V8), so the reference's cap of 10 pods switched at once holds.
 - R7  ``SubHealth``, ``forceExit``: reschedule at once (no grace): ``ReschedulePods`` when
   ``pod-rescheduling=on``, the pod is known and schedulable, else ``RescheduleJob``; the device
   is isolated. Charged to the hardware cap.
@@ -254,13 +257,20 @@ def _sub_health(
             problems = []
             if fault.pod is None:
                 problems.append("the fault names no pod")
+            if feasibility.rank0_pod_faulty:
+                problems.append("the rank-0 pod is not hot-switched")
             if not feasibility.replica_for_lost_state:
-                problems.append("no healthy replica to migrate from")
-            if not (feasibility.spare_node_free or feasibility.pod_schedulable):
-                problems.append("no node for the backup pod")
+                problems.append(
+                    "no healthy replica to migrate from"
+                    + (f": {feasibility.process_off}" if feasibility.process_off else "")
+                )
+            if not feasibility.spare_node_free:
+                problems.append("no free node for the backup pod")
             if fault.pod is None or problems:
                 return Decision(
-                    state, (), f"{what}: hot switch not possible ({', '.join(problems)})"
+                    state,
+                    (),
+                    f"{what}: hot switch not possible ({', '.join(problems)}); training goes on",
                 )
             recovering = Recovering(
                 generation=state.generation + 1,

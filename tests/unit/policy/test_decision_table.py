@@ -260,7 +260,24 @@ ROWS = {
         ),
         dataclasses.replace(POD, sub_healthy=SubHealthyStrategy.HOT_SWITCH),
         (),
-        "hot switch not possible (no healthy replica to migrate from, no node for the backup pod)",
+        "hot switch not possible (no healthy replica to migrate from, no free node for the "
+        "backup pod); training goes on",
+        Running,
+    ),
+    "R6-pod-schedulable-is-not-enough": Row(
+        Running(),
+        fault(sub_health(), spare_node_free=False, pod_schedulable=True),
+        dataclasses.replace(POD, sub_healthy=SubHealthyStrategy.HOT_SWITCH),
+        (),
+        "hot switch not possible (no free node for the backup pod); training goes on",
+        Running,
+    ),
+    "R6-rank0-pod": Row(
+        Running(),
+        fault(sub_health(), rank0_pod_faulty=True),
+        dataclasses.replace(POD, sub_healthy=SubHealthyStrategy.HOT_SWITCH),
+        (),
+        "hot switch not possible (the rank-0 pod is not hot-switched); training goes on",
         Running,
     ),
     "R7-pod": Row(
