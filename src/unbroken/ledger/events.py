@@ -257,3 +257,24 @@ class RecoveryCompleted(Event):
     generation: int
     step: int
     phases_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodHotSwitched(Event):
+    """``subHealthyStrategy: hotSwitch`` moved ``pod`` off a sub-healthy device of
+    ``from_node`` to ``to_node``; generation ``generation`` committed ``step`` first.
+
+    ``prepare_s``: from the decision to the pause, while training went on (the backup pod
+    placed, its warm agent ready); ``switch_s``: from the pause to that first committed step,
+    the only time training stood still (healthy ranks stop at a step boundary, the old pod is
+    deleted, the backup's ranks take the state of a replica, every rank redoes nothing).
+    """
+
+    fault_id: str
+    pod: str
+    from_node: str
+    to_node: str
+    generation: int
+    step: int
+    prepare_s: float
+    switch_s: float

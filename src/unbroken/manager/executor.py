@@ -12,6 +12,15 @@ healthy ranks of a broken world cannot continue without process-level recovery, 
 restart of the faulty pod is a restart of the world's processes, each on its own node, from the
 latest checkpoint.
 
+A hot switch (``subHealthyStrategy: hotSwitch``, :meth:`Executor._hot_switch`) moves a pod off a
+sub-healthy device before it fails: while training goes on, the backup pod is placed on a free
+node other than the pod's own, where a warm spare agent waits (its zygote has imported torch
+since the job's start); then every rank stops at the next step boundary, the old pod is
+deleted, the healthy pods' ranks rejoin the next generation in their processes and the
+backup's ranks take their state from one of them. No step is lost or redone; training stands
+still from the pause to the first step the new generation commits, which
+:class:`~unbroken.ledger.PodHotSwitched` records beside the preparation time.
+
 The executor owns the scheduler's cluster state and the policy's state; it reaches the job
 manager only through :class:`ExecutorHost`. Multi-step rungs (rejoin, last words) are values
 advanced by the pure steps of :mod:`unbroken.manager.rungs`. Every outcome it feeds back to the
@@ -26,14 +35,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from unbroken.agent.image import Image
 from unbroken.chaos import ChaosFault
 from unbroken.devices import DeviceFaulted, DeviceRecovered
-from unbroken.faults import CodeTable, Fault, FaultKind
+from unbroken.faults import CodeTable, Fault, FaultKind, FaultLevel
 from unbroken.ledger import (
     CheckpointSaved,
     DecisionMade,
@@ -41,6 +50,7 @@ from unbroken.ledger import (
     DeviceReturned,
     Ledger,
     NodeIsolated,
+    PodHotSwitched,
     PodPlaced,
     PodsStopped,
 )
@@ -80,6 +90,7 @@ from unbroken.policy import (
     DeviceRef,
     DumpLastWords,
     FailJob,
+    HotSwitch,
     IsolateDevice,
     IsolateNode,
     JobState,
@@ -92,10 +103,12 @@ from unbroken.policy import (
     RestartInPlace,
     RestartProcesses,
     RetryOnline,
+    Rung,
     Running,
     decide,
 )
 from unbroken.policy import Event as PolicyEvent
+from unbroken.policy import FaultDetected as PolicyFaultDetected
 from unbroken.protocol.messages import (
     EndRanks,
     JoinFrom,
@@ -105,7 +118,7 @@ from unbroken.protocol.messages import (
     StopPod,
     WriteLastWords,
 )
-from unbroken.scheduler import Cluster, Pod, Unschedulable, place
+from unbroken.scheduler import Binding, Cluster, Pod, Unschedulable, place
 
 
 class ExecutorHost(Protocol):
@@ -146,6 +159,27 @@ class ExecutorHost(Protocol):
 
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A hot switch under way: ``pod`` leaves ``from_node`` (sub-healthy ``device``) for the
+    backup placed at ``bindings``; decided at ``decided_at``, the ranks asked to pause at
+    ``paused_at``; ``generation``: the rendezvous generation it began (None until the rejoin
+    went out)."""
+
+    fault_id: str
+    pod: str
+    from_node: str
+    device: int | None
+    bindings: tuple[Binding, ...]
+    decided_at: float
+    paused_at: float
+    generation: int | None = None
+
+    @property
+    def to_node(self) -> str:
+        return self.bindings[0].node
 
 
 class Executor:
@@ -194,6 +228,8 @@ class Executor:
         #: The multi-step rungs under way (:mod:`unbroken.manager.rungs`).
         self.pending_rejoin: Rejoin | None = None
         self.pending_dump: LastWords | None = None
+        #: The hot switch under way, from its decision to its first committed step.
+        self.switch: Switch | None = None
         #: Warm spare agents by node (see :meth:`keep_spares`); UNBROKEN_STANDBY=0: none.
         self.spares: dict[str, Spare] = {}
         self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
@@ -234,7 +270,8 @@ class Executor:
                 self.pending_rejoin = None
             if self.held is not None and _new_rung(before, d.state):
                 self.held = None  # the commands held back were for a rung given up
-            if not d.commands:
+            self._switch_given_up(before, d.state, d.reason)
+            if not d.commands and not _sub_health_answered(before, ev):
                 continue
             strategy = str(d.state.rung) if isinstance(d.state, Recovering) else "none"
             inc = self.m.incident
@@ -256,6 +293,21 @@ class Executor:
                 )
             self.console.line(f"decision: {strategy}: {d.reason}{wait}")
             self._run(d.commands, now)
+        if isinstance(self.policy_state, Running) and self.m.incident is not None:
+            # The fault needed no recovery (recorded, ignored, or a hot switch not possible or
+            # given up): training goes on and no incident is open.
+            self.m.incident = None
+
+    def _switch_given_up(self, before: JobState, after: JobState, reason: str) -> None:
+        """A hot switch the policy gave up (it failed, passed its deadline, or a stopping
+        fault came) is over: what follows is the new decision's."""
+        sw = self.switch
+        if sw is None or not (isinstance(before, Recovering) and before.rung is Rung.HOT_SWITCH):
+            return
+        if isinstance(after, Recovering) and after.generation == before.generation:
+            return
+        self.switch = None
+        self.console.line(f"hot switch of {sw.pod} given up: {reason}")
 
     def _run(self, commands: Sequence[Command], now: float) -> None:
         """Carry out ``commands`` in order. Last words being written hold back the commands
@@ -317,6 +369,8 @@ class Executor:
                 self._recover_on_spare(pod, now)
             case DumpLastWords(timeout_s=timeout_s):
                 self._dump(now, timeout_s)
+            case HotSwitch(pod=pod, node=node, device=device):
+                self._hot_switch(pod, node, device, now)
             case BackOff():
                 pass  # held by _run: it holds back the commands after it
             case _:
@@ -377,6 +431,7 @@ class Executor:
         suspect: tuple[int, ...] = (),
         skip_pods: tuple[str, ...] = (),
         replacement: Replacement | None = None,
+        leaving: tuple[int, ...] = (),
     ) -> None:
         """Process-level recovery, first half: every healthy rank stops at a step boundary
         (``pause``; ranks whose collective already failed are stopped anyway). The second half,
@@ -410,6 +465,7 @@ class Executor:
             deadline_at=now + STOP_TIMEOUT_S,
             rung=self._rung,
             replacement=replacement,
+            leaving=frozenset(leaving),
         )
 
     def poll_rejoin(self, now: float) -> None:
@@ -427,7 +483,11 @@ class Executor:
                 self.pending_rejoin = None
         if not all_stopped:
             self.console.line("not every healthy rank stopped in time; rejoining anyway")
+        if pr.leaving and pr.replacement is not None:
+            self._switch_over(pr.replacement)
         gen = self._next_generation(pr.rung, replica_step=step)
+        if pr.leaving and self.switch is not None:
+            self.switch = replace(self.switch, generation=gen)
         for p in self.m.pods.values():
             if p.pod in pr.skip_pods:
                 continue
@@ -552,6 +612,107 @@ class Executor:
             now=now,
             suspect=self.job.ranks_of(pod),
             replacement=Replacement(pod=pod, bindings=result.bindings),
+        )
+
+    # ---- hot switch -------------------------------------------------------------------
+    def _hot_switch(self, pod: str, node: str | None, device: int | None, now: float) -> None:
+        """A hot switch, first half, while training goes on: the backup of ``pod`` is placed
+        on a free node other than its own, where a warm spare agent waits; then every rank is
+        asked to stop at its next step boundary. :meth:`poll_rejoin` does the switch itself
+        once they stopped (:meth:`_switch_over`)."""
+        proc = self.m.pods.get(pod)
+        from_node = self.cluster.node_of(pod)
+        refused = ""
+        if proc is None or not proc.alive or proc.lost or from_node is None:
+            refused = f"pod {pod} has no running agent"
+        elif not self.in_process_recovery():
+            refused = "a rank cannot be repaired in process, so no backup can take a replica"
+        if refused:
+            self._switch_refused(refused, now)
+            return
+        assert from_node is not None
+        # The backup runs beside the old pod until the switch: never on the old pod's node.
+        probe = self.cluster.isolate_node(from_node, "the pod being switched")
+        warm = [n for n, sp in sorted(self.spares.items()) if sp.alive and n != from_node]
+        result = place(
+            probe,
+            [Pod(name=pod, devices_needed=self.job.nproc_per_node)],
+            {pod: warm[0]} if warm else {},
+        )
+        if isinstance(result, Unschedulable):
+            self._switch_refused(f"no free node for the backup pod: {result.reason}", now)
+            return
+        to_node = result.bindings[0].node
+        spare = self.spares.get(to_node)
+        if self.use_spares and (spare is None or not spare.alive):
+            self._start_spare(to_node)
+            warm_note = "a spare agent started there now"
+        elif spare is not None:
+            warm_note = f"its warm spare agent (pid {spare.proc.pid}) waiting there"
+        else:
+            warm_note = "its agent starts cold at the switch (no spare agents)"
+        inc = self.m.incident
+        self.switch = Switch(
+            fault_id=inc.fault_id if inc is not None else "",
+            pod=pod,
+            from_node=from_node,
+            device=device,
+            bindings=result.bindings,
+            decided_at=now,
+            paused_at=self.clock(),
+        )
+        where = f"device {device} of {node}" if device is not None and node else from_node
+        self.console.line(
+            f"hot switch of {pod} off sub-healthy {where}: backup on {to_node} ({warm_note}); "
+            "every rank stops at its next step boundary"
+        )
+        self._rejoin(
+            replace={},
+            now=now,
+            leaving=self.job.ranks_of(pod),
+            replacement=Replacement(pod=pod, bindings=result.bindings),
+        )
+
+    def _switch_refused(self, why: str, now: float) -> None:
+        self._queue.append(
+            RecoveryFailed(reason=f"hot switch refused: {why}", at=now, generation=self._rung)
+        )
+
+    def _switch_over(self, r: Replacement) -> None:
+        """Every rank stopped at a step boundary: the old pod is deleted, its sub-healthy
+        device taken out of the pool, and the backup bound to its node (its agent starts with
+        the rejoin, :meth:`_start_replacement`)."""
+        sw = self.switch
+        self._stop((r.pod,), None)
+        if sw is not None and sw.device is not None:
+            self._isolate_device(sw.from_node, sw.device, "sub-healthy (hot switch)")
+        self.cluster = self.cluster.bind(r.bindings)
+
+    def switch_done(self, generation: int, first_commit_at: float, step: int) -> None:
+        """The generation a hot switch began committed its first step: the switch is done."""
+        sw = self.switch
+        if sw is None or sw.generation != generation:
+            return
+        self.switch = None
+        prepare_s = sw.paused_at - sw.decided_at
+        switch_s = first_commit_at - sw.paused_at
+        self.ledger.record(
+            PodHotSwitched(
+                fault_id=sw.fault_id,
+                pod=sw.pod,
+                from_node=sw.from_node,
+                to_node=sw.to_node,
+                generation=generation,
+                step=step,
+                prepare_s=prepare_s,
+                switch_s=switch_s,
+            ),
+            at=first_commit_at,
+        )
+        self.console.line(
+            f"hot switch of {sw.pod} from {sw.from_node} to {sw.to_node} done: training stood "
+            f"still {switch_s:.2f} s (prepared in {prepare_s:.2f} s while it went on), step "
+            f"{step} committed by generation {generation}"
         )
 
     def _start_replacement(self, r: Replacement, gen: int, join: JoinFrom) -> None:
@@ -759,18 +920,21 @@ class Executor:
             return
         for node in free:
             if node not in self.spares:
-                env = dict(os.environ)
-                env.setdefault("OMP_NUM_THREADS", "1")
-                spare = start_spare(
-                    node=node,
-                    nproc=self.job.nproc_per_node,
-                    env=env,
-                    log_dir=self.run_dir / "spares" / node,
-                    cwd=self.job.workdir,
-                    image=self.image,
-                )
-                self.spares[node] = spare
-                self.ledger.record_raw("SpareStarted", {"node": node, "pid": spare.proc.pid})
+                self._start_spare(node)
+
+    def _start_spare(self, node: str) -> None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        spare = start_spare(
+            node=node,
+            nproc=self.job.nproc_per_node,
+            env=env,
+            log_dir=self.run_dir / "spares" / node,
+            cwd=self.job.workdir,
+            image=self.image,
+        )
+        self.spares[node] = spare
+        self.ledger.record_raw("SpareStarted", {"node": node, "pid": spare.proc.pid})
 
     def _unfit(self, node: str) -> bool:
         c = self.cluster
@@ -974,6 +1138,17 @@ class Executor:
             cwd=self.job.workdir,
             image=self.image,
         )
+
+
+def _sub_health_answered(before: JobState, event: PolicyEvent) -> bool:
+    """Whether the decision for ``event`` is shown and recorded even without commands: a
+    sub-health fault while training runs (``subHealthyStrategy`` ignores it, or a hot switch is
+    not possible now), so that a person sees why training goes on on that device."""
+    return (
+        isinstance(before, Running)
+        and isinstance(event, PolicyFaultDetected)
+        and event.fault.level is FaultLevel.SUB_HEALTH
+    )
 
 
 def _new_rung(before: object, after: object) -> bool:

@@ -716,6 +716,7 @@ class JobManager:
                     f"recovered from {inc.fault_id} by {inc.strategy}: MTTR {mttr:.2f} s, "
                     f"{lost} steps recomputed, generation {gen}"
                 )
+                self.executor.switch_done(gen, ph.first_commit_at, first)
                 self.executor.policy(
                     PolicyRecovered(at=ph.first_commit_at, generation=rung),
                     now,

@@ -5,10 +5,12 @@ Process-level recovery cannot be done in one go: the healthy ranks first stop at
 boundary (``pause``), and only once they all did is the replica source and its step known
 exactly (rather than from a heartbeat of a moment ago). So:
 
-- :class:`Rejoin` (``retry``, ``recover-in-place``, ``recover``): waits until every healthy
-  rank stopped (or :data:`STOP_TIMEOUT_S` passed), then says :class:`RejoinFrom` the most
-  advanced replica, or :class:`NoReplica`. ``recover`` carries the :class:`Replacement` pod to
-  start once the rejoin goes out;
+- :class:`Rejoin` (``retry``, ``recover-in-place``, ``recover``, a hot switch): waits until
+  every healthy rank stopped (or :data:`STOP_TIMEOUT_S` passed), then says :class:`RejoinFrom`
+  the most advanced replica, or :class:`NoReplica`. ``recover`` and a hot switch carry the
+  :class:`Replacement` pod to start once the rejoin goes out; a hot switch also names the
+  ``leaving`` ranks (the sub-healthy pod's): healthy, so they stop at the step boundary with
+  the others, but never the source, since they do not join the new generation;
 - :class:`LastWords` (``dump``): waits for the healthy ranks to stop, then asks the most
   advanced stopped replica to write its state (:class:`AskWriter`), then reports it
   :class:`Saved` or :class:`LastWordsFailed` (died, could not, or too slow); the commands that
@@ -81,7 +83,9 @@ class Replacement:
 @dataclass(frozen=True)
 class Rejoin:
     """Healthy ranks pausing before they rejoin; ``replace``: ranks given new processes per
-    pod; ``lost``: ranks whose state cannot be a replica; pods in ``skip_pods`` take no part."""
+    pod; ``lost``: ranks whose state cannot be a replica; pods in ``skip_pods`` take no part;
+    ``leaving``: ranks that stop with the others but leave the job (a hot switch's old pod),
+    so they are waited for and never the source."""
 
     replace: Mapping[str, tuple[int, ...]]
     lost: frozenset[int]
@@ -89,6 +93,7 @@ class Rejoin:
     deadline_at: float
     rung: int | None
     replacement: Replacement | None = None
+    leaving: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ def advance_rejoin(
     stopped = bool(healthy) and all(v.stopping for v in healthy)
     if not stopped and now < r.deadline_at:
         return Wait()
-    source = replica_source(seen, r.lost)
+    source = replica_source(seen, r.lost | r.leaving)
     if source is None:
         return NoReplica()
     return RejoinFrom(source=source[0], step=source[1], all_stopped=stopped)

@@ -30,6 +30,7 @@ from unbroken.ledger import (
     Ledger,
     LedgerError,
     NodeIsolated,
+    PodHotSwitched,
     PodPlaced,
     PodsStopped,
     PodStatus,
@@ -83,6 +84,16 @@ ONE_OF_EACH: tuple[Event, ...] = (
     DeviceReturned(node="node-1", device=0, reason="healthy again (autoStowing)"),
     RecoveryCompleted(
         fault_id="f-1", strategy="recover-in-place", generation=1, step=111, phases_s={"x": 1.5}
+    ),
+    PodHotSwitched(
+        fault_id="f-2",
+        pod="worker-0",
+        from_node="node-1",
+        to_node="node-2",
+        generation=2,
+        step=121,
+        prepare_s=0.01,
+        switch_s=1.25,
     ),
     JobSucceeded(step=200),
     JobFailed(reason="no healthy node for pod worker-1", step=None),

@@ -74,6 +74,25 @@ def test_a_rejoin_without_a_replica_fails() -> None:
     assert advance_rejoin(REJOIN, ranks, T0 + 10) == NoReplica()
 
 
+def test_a_hot_switch_waits_for_the_leaving_ranks_but_never_takes_them_as_source() -> None:
+    """The sub-healthy pod's ranks are healthy and the most advanced here, but they leave
+    the job: the rejoin waits for them to stop, then takes the state from a rank that stays."""
+    switch = Rejoin(
+        replace={},
+        lost=frozenset(),
+        skip_pods=(),
+        deadline_at=T0 + 10,
+        rung=4,
+        leaving=frozenset({2, 3}),
+    )
+    ranks = [_rank(0, 10), _rank(1, 10), _rank(2, 11, stopping=False), _rank(3, 11)]
+    assert advance_rejoin(switch, ranks, T0) == Wait()
+    ranks[2] = _rank(2, 11)
+    assert advance_rejoin(switch, ranks, T0) == RejoinFrom(0, 10, all_stopped=True)
+    only_leaving = [_rank(0, pod_up=False), _rank(1, alive=False), _rank(2), _rank(3)]
+    assert advance_rejoin(switch, only_leaving, T0) == NoReplica()
+
+
 def test_a_rejoin_ignores_the_pods_it_skips() -> None:
     skipping = dataclasses.replace(REJOIN, skip_pods=("pod-1",))
     ranks = [_rank(0), _rank(1), _rank(2, stopping=False)]
