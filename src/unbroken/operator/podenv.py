@@ -15,13 +15,17 @@ On top of the container's own env (which wins for anything not listed here as op
   ``MS_ROLE`` (``MS_SCHED`` or ``MS_WORKER``).
 - **Table 3** for the configured strategies (see :mod:`unbroken.spec.injected_env`);
   ``MS_ENABLE_TFT`` is the union of the user's switches and the strategies'.
-- **Watchdog off** for jobs with a process-level strategy: ``HCCL_ASYNC_ERROR_HANDLING=0``,
-  ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` and ``TORCH_NCCL_ENABLE_MONITORING=0``. With these on, a
-  collective that fails because a peer died makes the communication library abort the whole
-  process (or its heartbeat monitor kill it), so every healthy rank dies with the faulty one and
-  only a full restart is left. Process-level recovery needs the healthy processes to survive the
-  failed collective; the agent's hang detection and the worker's collective timeouts take the
-  watchdog's place.
+- **Hot switching** (``subHealthyStrategy: hotSwitch``), as the reference operator does for it:
+  ``PROCESS_RECOVER=on`` and ``recover`` in ``HIGH_AVAILABILITY`` (PyTorch), ``ARF:1`` in
+  ``MS_ENABLE_TFT`` (MindSpore), on top of the strategies' values: the switch moves a pod's ranks
+  by process-level rescheduling while the other pods' processes stay.
+- **Watchdog off** for jobs with a process-level strategy or hot switching:
+  ``HCCL_ASYNC_ERROR_HANDLING=0``, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` and
+  ``TORCH_NCCL_ENABLE_MONITORING=0``. With these on, a collective that fails because a peer died
+  makes the communication library abort the whole process (or its heartbeat monitor kill it), so
+  every healthy rank dies with the faulty one and only a full restart is left. Process-level
+  recovery needs the healthy processes to survive the failed collective; the agent's hang detection
+  and the worker's collective timeouts take the watchdog's place.
 - ``TASKD_PROCESS_ENABLE``: ``on`` when the job uses process-level recovery or ``hotSwitch``,
   ``off`` otherwise, unless the user set it (the seed asks users to write it by hand; the
   operator derives it).
@@ -30,7 +34,7 @@ On top of the container's own env (which wins for anything not listed here as op
 from __future__ import annotations
 
 from unbroken.spec import JobSpec, ReplicaSpec, ReplicaType
-from unbroken.spec.envknobs import format_ms_enable_tft, parse_ms_enable_tft
+from unbroken.spec.envknobs import TftSwitch, format_ms_enable_tft, parse_ms_enable_tft
 from unbroken.spec.injected_env import injected_env
 from unbroken.spec.knobs import Framework, Strategy, SubHealthyStrategy
 
@@ -85,6 +89,9 @@ def pod_env(job: JobSpec, replica: ReplicaSpec, node_rank: int | None) -> dict[s
     injected = injected_env(
         fault_handling.strategies, job.framework, fault_handling.pod_rescheduling
     )
+    hot_switch = fault_handling.sub_healthy is SubHealthyStrategy.HOT_SWITCH
+    if hot_switch:
+        injected.update(hot_switch_env(injected, job.framework))
     user_tft = replica.env.get("MS_ENABLE_TFT")
     if "MS_ENABLE_TFT" in injected and user_tft is not None:
         merged = parse_ms_enable_tft(user_tft)
@@ -92,9 +99,28 @@ def pod_env(job: JobSpec, replica: ReplicaSpec, node_rank: int | None) -> dict[s
         injected["MS_ENABLE_TFT"] = format_ms_enable_tft(merged)
     env.update(injected)
     rungs = process_rungs(job)
-    if rungs:
+    if rungs or hot_switch:
         env.update(WATCHDOG_OFF)
     if "TASKD_PROCESS_ENABLE" not in replica.env:
-        wants = bool(rungs) or fault_handling.sub_healthy is SubHealthyStrategy.HOT_SWITCH
-        env["TASKD_PROCESS_ENABLE"] = "on" if wants else "off"
+        env["TASKD_PROCESS_ENABLE"] = "on" if rungs or hot_switch else "off"
     return dict(sorted(env.items()))
+
+
+#: ``HIGH_AVAILABILITY`` values in the strategies' priority order.
+_HA_ORDER = ("retry", "recover", "elastic-training", "dump")
+
+
+def hot_switch_env(injected: dict[str, str], framework: Framework) -> dict[str, str]:
+    """What hot switching adds to the strategies' variables ``injected`` (the reference
+    operator's process-recovery environment for a ``hotSwitch`` job)."""
+    out = {"PROCESS_RECOVER": "on"}
+    if framework is Framework.PYTORCH:
+        values = {v for v in injected.get("HIGH_AVAILABILITY", "").split(",") if v}
+        values.add("recover")
+        out["HIGH_AVAILABILITY"] = ",".join(v for v in _HA_ORDER if v in values)
+    else:
+        tft = injected.get("MS_ENABLE_TFT")
+        switches = parse_ms_enable_tft(tft) if tft else {}
+        switches[TftSwitch.ARF] = True
+        out["MS_ENABLE_TFT"] = format_ms_enable_tft(switches)
+    return out

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from unbroken.operator import Mode, plan
+from unbroken.operator.podenv import hot_switch_env
 from unbroken.spec import ClusterSpec, DevicePlugin, HotReset, load_cluster, parse_job
 from unbroken.spec.envknobs import parse_ms_enable_tft
 from unbroken.spec.injected_env import injected_env
@@ -106,6 +107,28 @@ def test_several_strategies_union_the_columns() -> None:
     )
     assert env["HIGH_AVAILABILITY"] == "retry,recover,dump"
     assert env["ENABLE_RESTART_FAULT_PROCESS"] == "on"
+
+
+def test_hot_switching_adds_the_reference_process_recovery_environment() -> None:
+    """``subHealthyStrategy: hotSwitch`` gets what the reference operator injects for it,
+    merged with the strategies' values (never a second ``recover``)."""
+    assert hot_switch_env({}, Framework.PYTORCH) == {
+        "PROCESS_RECOVER": "on",
+        "HIGH_AVAILABILITY": "recover",
+    }
+    assert hot_switch_env({}, Framework.MINDSPORE) == {
+        "PROCESS_RECOVER": "on",
+        "MS_ENABLE_TFT": "{ARF:1}",
+    }
+    strategies = (Strategy.RETRY, Strategy.DUMP, Strategy.EXIT)
+    pytorch = injected_env(strategies, Framework.PYTORCH, False)
+    assert hot_switch_env(pytorch, Framework.PYTORCH)["HIGH_AVAILABILITY"] == "retry,recover,dump"
+    recovering = injected_env((Strategy.RECOVER,), Framework.PYTORCH, False)
+    assert hot_switch_env(recovering, Framework.PYTORCH)["HIGH_AVAILABILITY"] == "recover"
+    mindspore = injected_env(strategies, Framework.MINDSPORE, True)
+    assert hot_switch_env(mindspore, Framework.MINDSPORE)["MS_ENABLE_TFT"] == (
+        "{TTP:1,UCE:1,HCCE:1,ARF:1,RSC:1}"
+    )
 
 
 # Table 1, column by column, as printed in the seed.

@@ -123,7 +123,16 @@ EXPECTED: dict[str, tuple[list[str], dict[str, str], set[str]]] = {
         {"MS_ENABLE_TFT": "{TTP:1,ARF:1,TSP:1}"},
         set(),
     ),
-    "hot-switch": (["exit"], {"TASKD_PROCESS_ENABLE": "on"}, {"PROCESS_RECOVER"}),
+    "hot-switch": (
+        ["exit"],
+        {
+            "TASKD_PROCESS_ENABLE": "on",
+            "PROCESS_RECOVER": "on",
+            "HIGH_AVAILABILITY": "recover",
+            "HCCL_ASYNC_ERROR_HANDLING": "0",
+        },
+        {"ELASTIC_PROCESS_RECOVER_ENABLE", "ENABLE_RESTART_FAULT_PROCESS", "MS_ENABLE_TFT"},
+    ),
     "elastic-training": (
         ["elastic-training", "exit", "job-rescheduling"],
         {
