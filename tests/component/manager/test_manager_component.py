@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from unbroken.devices import DeviceFaulted
 from unbroken.ledger import Ledger
 from unbroken.manager.job import JobManager
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
@@ -23,6 +24,7 @@ from unbroken.protocol.messages import (
     AgentHeartbeat,
     AgentHello,
     EndRanks,
+    JoinFrom,
     Order,
     PauseRanks,
     RankExited,
@@ -41,7 +43,14 @@ from unbroken.protocol.messages import (
     encode_report,
     method_of,
 )
-from unbroken.spec.knobs import FaultHandling, FaultScheduling, ProcessRecover, Strategy
+from unbroken.scheduler import Binding
+from unbroken.spec.knobs import (
+    FaultHandling,
+    FaultScheduling,
+    ProcessRecover,
+    Strategy,
+    SubHealthyStrategy,
+)
 
 pytestmark = pytest.mark.component
 
@@ -135,7 +144,13 @@ class Job:
         return [r.data for r in self.m.ledger.events(kinds=[kind])]
 
 
-def _job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *strategies: Strategy) -> Job:
+def _job(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *strategies: Strategy,
+    sub_healthy: SubHealthyStrategy = SubHealthyStrategy.IGNORE,
+    nodes: int = 3,
+) -> Job:
     monkeypatch.setenv("UNBROKEN_STANDBY", "0")  # no warm spare agents: no processes
     layout = JobLayout(
         job_id="job",
@@ -146,13 +161,14 @@ def _job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *strategies: Strategy)
             strategies=(*strategies, Strategy.EXIT),
             fault_scheduling=FaultScheduling.GRACE,
             process_recover=ProcessRecover.ON,
+            sub_healthy=sub_healthy,
         ),
         workdir=tmp_path,
     )
     clock = Clock()
     m = JobManager(
         layout,
-        ClusterLayout(nodes=("node-0", "node-1", "node-2"), devices_per_node=2),
+        ClusterLayout(nodes=tuple(f"node-{i}" for i in range(nodes)), devices_per_node=2),
         tmp_path,
         Ledger(tmp_path / "ledger.db"),
         options=ManagerOptions(),
@@ -375,3 +391,99 @@ def test_a_restart_in_place_starts_anew_a_pod_an_earlier_rung_stopped(
     assert started == [(PODS[1], 1)] and job.m.generation == 1
     assert a0.orders() == [RestartRanks(generation=1, master_port=29501)]
     assert job.events("RecoveryFailed") == []
+
+
+def _sub_healthy_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: int) -> Job:
+    """The job with ``hotSwitch``, each pod bound to its node, device 1 of node-1 (rank 3's)
+    turning sub-healthy."""
+    job = _job(tmp_path, monkeypatch, sub_healthy=SubHealthyStrategy.HOT_SWITCH, nodes=nodes)
+    ex = job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    now = job.clock()
+    ex.device_event(DeviceFaulted("node-1", 1, "80E20207", "sub-healthy", now, now))
+    return job
+
+
+def test_a_hot_switch_moves_the_pod_at_a_step_boundary_with_state_from_a_rank_that_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _sub_healthy_job(tmp_path, monkeypatch, nodes=3)
+    a0, a1 = job.agents
+    ex = job.m.executor
+    stopped: list[tuple[str, ...]] = []
+    started: list[tuple[str, str, int]] = []
+
+    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:  # processes are an edge
+        stopped.append(pods)
+        for pod in pods:
+            ex.cluster = ex.cluster.release(pod)
+            del job.m.pods[pod]
+
+    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
+        started.append((pod, node, gen))
+        job.m.pods[pod] = PodProcess(
+            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
+        )  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ex, "_stop", stop)
+    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    (decision,) = job.events("DecisionMade")
+    assert decision["strategy"] == "hot-switch"
+    assert decision["commands"] == [f"HotSwitch(pod='{PODS[1]}', node='node-1', device=1)"]
+    # Training goes on until the step boundary: nothing ends, every rank pauses, and the old
+    # pod runs until every rank stopped.
+    assert a0.orders() == [PauseRanks()] and a1.orders() == [PauseRanks()]
+    a0.beat(Phase.STOPPING, committed=10)
+    job.tick()
+    assert stopped == [] and started == [], "switched before the old pod's ranks stopped"
+    # The leaving ranks are the most advanced, but they do not join the new generation.
+    a1.beat(Phase.STOPPING, committed=11)
+    job.tick()
+    assert stopped == [(PODS[1],)] and started == [(PODS[1], "node-2", 1)]
+    assert job.m.pods[PODS[1]].join == JoinFrom(source=0, step=10)
+    assert a0.orders() == [RejoinRanks(generation=1, master_port=29501, source=0, step=10)]
+    assert [(e["node"], e["device"]) for e in job.events("DeviceIsolated")] == [("node-1", 1)]
+    assert ex.cluster.node_of(PODS[1]) == "node-2"
+
+    # The backup's ranks join; the first step of generation 1 ends the switch.
+    backup = ScriptedAgent(job.m, PODS[1], 1100, (2, 3), generation=1)
+    answer = decode_answer(backup.send(AgentHello(pid=1100, node_rank=1, nproc=2)) or {})
+    assert answer.ok and answer.generation == 1 and answer.join == JoinFrom(0, 10)
+    backup.rank_pids = {2: 2102, 3: 2103}
+    backup.send(RanksRejoined(pids=backup.rank_pids, joined=(2, 3), started_at=job.clock()))
+    a0.generation = 1
+    a0.send(RanksRejoined(pids=a0.rank_pids, joined=(), started_at=job.clock()))
+    ready = job.clock.advance(0.2)
+    for agent in (a0, backup):
+        agent.beat(Phase.TRAINING, committed=11, ready_at=ready, start_step=10)
+    job.tick()
+    (switched,) = job.events("PodHotSwitched")
+    assert (switched["pod"], switched["from_node"], switched["to_node"]) == (
+        PODS[1],
+        "node-1",
+        "node-2",
+    )
+    assert (switched["generation"], switched["step"]) == (1, 11)
+    assert switched["switch_s"] == pytest.approx(ready + 0.5 - T0, abs=0.2)
+    assert isinstance(ex.policy_state, Running) and ex.switch is None
+    assert job.m.incident is None
+
+
+def test_without_a_free_node_training_goes_on_and_the_decision_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _sub_healthy_job(tmp_path, monkeypatch, nodes=2)
+    a0, a1 = job.agents
+    (decision,) = job.events("DecisionMade")
+    assert decision["strategy"] == "none" and decision["commands"] == []
+    assert (
+        "hot switch not possible (no free node for the backup pod); training goes on"
+        in (decision["reason"])
+    )
+    assert a0.orders() == [] and a1.orders() == []
+    assert isinstance(job.m.executor.policy_state, Running)
+    # Training goes on: no incident is open, the job is not recovering.
+    assert job.m.incident is None
+    job.tick(1.0)
+    st = job.m.ledger.status()
+    assert st is not None and str(st.phase) == "Running", st
