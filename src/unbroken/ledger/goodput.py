@@ -8,7 +8,9 @@ non-overlapping spans, each given to one cause:
 startup              job submitted -> the first committed step of the first generation
 detection ... first  the phases of each incident (:mod:`unbroken.ledger.timeline`): detection,
                      decision, last_words, stopping, placement (less the wait below),
-                     process_start, communication_rebuild, state_transfer, first_step
+                     process_start, communication_rebuild, state_transfer, first_step; none
+                     for an incident after which training went on (nothing to recover), and
+                     no detection for a sub-health fault (training goes on while it is seen)
 rescheduling_wait    the part of an incident's placement after a pod was found unschedulable
 unfinished           an incident's time after its last recorded phase, while it is still open
                      or when the job gave up
@@ -187,10 +189,15 @@ def goodput(records: Iterable[Record], now: float | None = None) -> Goodput:
 def _incident_spans(
     inc: Incident, end: float, unschedulable: list[float]
 ) -> list[tuple[float, float, str]]:
-    spans = []
+    spans: list[tuple[float, float, str]] = []
+    if inc.outcome is IncidentOutcome.WENT_ON:
+        return spans
     prev = inc.fault_at
     for phase in inc.phases:
         if phase.ended_at is None:
+            continue
+        if phase.name == "detect" and inc.source == "sub-health":
+            prev = max(prev, phase.ended_at)
             continue
         cause = _CAUSE_OF_PHASE[phase.name]
         if phase.name == "place":

@@ -1,9 +1,11 @@
 """Incident timelines: where the time of each recovery went, computed from the ledger.
 
 An incident starts at a :class:`FaultDetected` while no incident is open and ends at the next
-:class:`RecoveryCompleted` (recovered) or :class:`JobFailed` (failed); faults detected while it
-is open join it. Its phases, in order, each measured from the end of the previous phase that
-was recorded (so the recorded phases add up to the MTTR):
+:class:`RecoveryCompleted` (recovered) or :class:`JobFailed` (failed), or at a
+:class:`DecisionMade` that starts no recovery and fails nothing (strategy ``none``: a sub-health
+fault ignored or not hot-switchable, a device only taken out of the pool): training went on;
+faults detected while it is open join it. Its phases, in order, each measured from the end of
+the previous phase that was recorded (so the recorded phases add up to the MTTR):
 
 ==============  ==========================================================================
 detect          fault occurred (``FaultDetected.occurred_at``) -> fault recorded
@@ -74,6 +76,7 @@ class IncidentOutcome(StrEnum):
     RECOVERED = "recovered"
     FAILED = "failed"
     OPEN = "open"  # still being handled when the records end
+    WENT_ON = "went on"  # nothing to recover: training went on (a decision with strategy none)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,10 @@ def incidents(records: Iterable[Record]) -> tuple[Incident, ...]:
         if kind == DecisionMade.kind:
             cur.ends.setdefault("decide", rec.at)
             cur.strategy = str(rec.data.get("strategy", ""))
+            commands = rec.data.get("commands") or ()
+            if cur.strategy == "none" and not any(str(c).startswith("FailJob") for c in commands):
+                done.append(_close(cur, IncidentOutcome.WENT_ON, rec.at, ""))
+                cur = None
         elif kind == CheckpointSaved.kind:
             if rec.data.get("last_words"):
                 cur.ends["last_words"] = rec.at

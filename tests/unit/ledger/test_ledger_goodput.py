@@ -92,6 +92,34 @@ def test_live_run_ends_now_and_an_open_incident_is_unfinished_badput() -> None:
     assert goodput(live).ended_at == 62.0
 
 
+def test_training_that_went_on_through_a_sub_health_fault_loses_no_time_to_it() -> None:
+    """Ignored, it costs nothing; hot-switched, only from the decision on (training went on
+    while it was detected)."""
+    sub = {**_fault("f1", 60.0, step=100), "source": "sub-health", "level": "SubHealth"}
+    head, tail = list(RUN[:6]), [Record(id=99, at=120.0, kind="JobSucceeded", data={})]
+    ignored = [
+        *head,
+        Record(id=7, at=61.0, kind="FaultDetected", data=sub),
+        Record(id=8, at=61.5, kind="DecisionMade", data={"strategy": "none", "commands": []}),
+        *tail,
+    ]
+    g = goodput(ignored)
+    assert g.productive_s == pytest.approx(110.0) and g.badput_s["detection"] == 0.0
+    switched = [
+        *head,
+        Record(id=7, at=61.0, kind="FaultDetected", data=sub),
+        Record(id=8, at=61.5, kind="DecisionMade", data={"strategy": "hot-switch"}),
+        Record(id=9, at=62.0, kind="PodsStopped", data={"pods": ["w-1"]}),
+        Record(id=10, at=63.0, kind="FirstStepCommitted", data={"generation": 1, "step": 101}),
+        Record(id=11, at=63.0, kind="RecoveryCompleted", data={"fault_id": "f1"}),
+        *tail,
+    ]
+    g = goodput(switched)
+    assert g.badput_s["detection"] == 0.0
+    assert g.badput_s["decision"] == pytest.approx(0.5)
+    assert g.productive_s == pytest.approx(110.0 - 2.0)
+
+
 def test_failed_job_time_after_the_last_phase_is_unfinished() -> None:
     failed = [*RUN[:9], Record(id=99, at=80.0, kind="JobFailed", data={"reason": "no node"})]
     g = goodput(failed)

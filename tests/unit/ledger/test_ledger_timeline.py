@@ -196,3 +196,27 @@ def test_recorded_phases_add_up_to_the_mttr(gaps: list[float], present: list[boo
     assert inc.mttr_s is not None
     assert math.isclose(total, inc.mttr_s, abs_tol=1e-9)
     assert math.isclose(inc.mttr_s, at - fault_at, abs_tol=1e-9)
+
+
+def _sub_health(fault_id: str, occurred_at: float, step: int) -> dict[str, Any]:
+    return {**_fault(fault_id, occurred_at, step), "source": "sub-health", "level": "SubHealth"}
+
+
+def test_a_fault_after_which_training_went_on_closes_its_incident() -> None:
+    """A decision with strategy none and no FailJob (a sub-health fault not acted on) ends the
+    incident: a later fault starts its own."""
+    found = incidents(
+        _records(
+            (10.5, "FaultDetected", _sub_health("f-1", 10.0, step=5)),
+            (10.6, "DecisionMade", {"fault_id": "f-1", "strategy": "none", "commands": []}),
+            (20.5, "FaultDetected", _fault("f-2", 20.0, step=30)),
+            (21.0, "DecisionMade", {"strategy": "none", "commands": ["FailJob(reason='x')"]}),
+            (21.1, "JobFailed", {"reason": "x"}),
+        )
+    )
+    assert [(i.fault_id, i.outcome) for i in found] == [
+        ("f-1", IncidentOutcome.WENT_ON),
+        ("f-2", IncidentOutcome.FAILED),
+    ]
+    assert found[0].ended_at == 10.6 and found[0].faults == ("f-1",)
+    assert "went on (none)" in format_incidents(found[:1])
