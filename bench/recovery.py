@@ -24,6 +24,13 @@ unbroken-dump      ``bench/jobs/dump.yaml`` (grace, pod-rescheduling on, recover
                    dump): a healthy replica writes the interrupted step's state as the job's
                    checkpoint (last words), then the faulty pod is rescheduled and every rank
                    resumes from it rather than from the newest periodic checkpoint
+unbroken-hotswitch ``bench/jobs/hot-switch.yaml`` (grace, subHealthyStrategy hotSwitch) on
+                   ``bench/jobs/cluster-fast-watch.yaml`` (device health polled every 3 s),
+                   with a different fault: rank 3's device turns sub-healthy (a SubHealth
+                   code through the sim provider) after step K; training goes on while the
+                   backup pod is placed on the spare node, then the pod is switched at a step
+                   boundary; the ledger's ``PodHotSwitched.switch_s`` (how long training stood
+                   still) is reported beside the MTTR, which includes the poll's delay
 torchrun           two ``torchrun --max-restarts 3 --monitor-interval 1`` agents joined by a
                    c10d rendezvous on 127.0.0.1, torch's defaults
 torchrun-nss       the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the workaround for

@@ -25,6 +25,7 @@ class Config:
     job: str | None = None  # YAML under bench/jobs (unbroken)
     no_share_store: bool = False  # torchrun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     fault: str = "kill"  # the chaos kind fired in rank 3 after step K (Unbroken only)
+    cluster: str | None = None  # cluster YAML under bench/jobs (unbroken), else the default
 
 
 CONFIGS: tuple[Config, ...] = (
@@ -41,6 +42,14 @@ CONFIGS: tuple[Config, ...] = (
         fault="memory",
     ),
     Config("unbroken-dump", "Unbroken dump, then pod-level", "unbroken", "dump.yaml"),
+    Config(
+        "unbroken-hotswitch",
+        "Unbroken hot switch (sub-healthy device)",
+        "unbroken",
+        "hot-switch.yaml",
+        fault="subhealth",
+        cluster="cluster-fast-watch.yaml",
+    ),
     Config("torchrun", "torchrun (defaults)", "torchrun"),
     Config(
         "torchrun-nss",

@@ -189,12 +189,25 @@ def table(results: Sequence[RunResult], s: Settings) -> str:
             f"{spread((r.recomputed for r in runs), '{}'):<14}"
             f"{_count(runs, lambda r: bool(r.equal)):<7}"
         )
-    if any(c.fault != "kill" for c in faulted):
+    if any(c.fault == "memory" for c in faulted):
         out.append(
             f"  (Unbroken retry: not a SIGKILL; right after rank {VICTIM} commits step "
             f"{s.kill_step} one of its parameters is corrupted, a simulated uncorrectable device "
             "memory error that fails its next step; the process survives)"
         )
+    if any(c.fault == "subhealth" for c in faulted):
+        out.append(
+            f"  (Unbroken hot switch: not a SIGKILL; right after step {s.kill_step} rank "
+            f"{VICTIM}'s device turns sub-healthy, seen at the device plugin's next poll (every "
+            "3 s); training goes on until the switch, so detection and MTTR include that poll)"
+        )
+        switches = [r for r in results if r.faulted and r.ledger.get("switch_s") is not None]
+        stood = spread(r.ledger["switch_s"] for r in switches)
+        out.append(
+            "  hot switch, training stood still (PodHotSwitched.switch_s: the pause at a step "
+            f"boundary -> the first step committed after it): {stood} s"
+        )
+
     out.append("")
     out.append(
         "where the time went, observed (step logs): s from the fault until every rank that got a "
@@ -266,6 +279,8 @@ def run_line(r: RunResult) -> str:
             parts.append(f"ranks {_ranks(r.kept_ranks)} kept their processes{redo}")
         if r.ledger.get("incidents"):
             parts.append(f"{r.ledger['incidents']} incident(s), {r.ledger.get('strategy')}")
+        if r.ledger.get("switch_s") is not None:
+            parts.append(f"switch {r.ledger['switch_s']:.2f} s (training stood still)")
     if r.step_ms is not None:
         parts.append(f"step {r.step_ms:.1f} ms")
     if r.equal is not None:

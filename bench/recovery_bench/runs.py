@@ -27,6 +27,9 @@ from recovery_bench.configs import (
 from recovery_bench.procs import Tapped, Tracker, base_env, free_port
 from recovery_bench.steplogs import fault_time, read_steplogs, recovery, step_ms
 
+#: A SubHealth device code (the reference's list): what the hot-switch configuration injects.
+SUB_HEALTH_CODE = "80E20207"
+
 
 @dataclass
 class RunResult:
@@ -79,9 +82,14 @@ def launch_unbroken(
     cmd = [sys.executable, "-m", "unbroken", "run", str(job), "--run-dir", str(run_dir)]
     if faulted:
         chaos = run_dir / "chaos.yaml"
-        fault = {"kind": config.fault, "rank": VICTIM, "at_step": s.kill_step}
+        fault: dict[str, Any] = {"kind": config.fault, "rank": VICTIM, "at_step": s.kill_step}
+        if config.fault == "subhealth":  # rank 3's device: device 1 of node-1
+            fault = {"kind": "device", "node": "node-1", "device": 1, "code": SUB_HEALTH_CODE}
+            fault["at_step"] = s.kill_step
         chaos.write_text(yaml.safe_dump({"faults": [fault]}))
         cmd += ["--chaos", str(chaos)]
+    if config.cluster is not None:
+        cmd += ["--cluster", str(JOBS / config.cluster)]
     cmd.append("--quiet")
     tap = Tapped(cmd, run_dir / "unbroken-run.log", base_env(), run_dir)
     tracker.add_root(tap.proc.pid)
@@ -129,6 +137,7 @@ def _ledger_figures(run_dir: Path) -> dict[str, Any]:
         FaultDetected,
         Ledger,
         LedgerError,
+        PodHotSwitched,
         PodPlaced,
         ProcessesStarted,
         incidents,
@@ -177,6 +186,10 @@ def _ledger_figures(run_dir: Path) -> dict[str, Any]:
     if status is not None and first_pids:
         final = {rank: pid for p in status.pods for rank, pid in zip(p.ranks, p.pids, strict=True)}
         out["kept_ranks"] = sorted(r for r, pid in first_pids.items() if final.get(r) == pid)
+    switched = [r for r in records if r.kind == PodHotSwitched.kind]
+    if switched:
+        out["switch_s"] = switched[0].data["switch_s"]
+        out["prepare_s"] = switched[0].data["prepare_s"]
     if found:
         inc = found[0]
         out.update(
@@ -253,7 +266,8 @@ def run_one(config: Config, s: Settings, run_dir: Path, faulted: bool, repeat: i
     res.recovered = rec.mttr_s is not None
     res.resumed_from = rec.resumed_from
     if rec.resumed_from is not None and res.recovered:
-        res.recomputed = s.kill_step - rec.resumed_from
+        # A hot switch resumes past the fault's step: training went on until the switch.
+        res.recomputed = max(0, s.kill_step - rec.resumed_from)
     if config.tool == "unbroken":
         detected_at = res.ledger.get("fault_detected_at")
         if detected_at is not None:
