@@ -366,6 +366,11 @@ class Recovery:
             assert self._command is not None
             what = f"{self._command.op} command {self._command.seq} at step boundary {step}"
         logger.warning("rank %d: %s; leaving the process group", rank, what)
+        failed_at = failure.at if failure is not None else time.time()
+        if self._reader is not None and not should_stop():
+            # Said first, so that the fault is decided on while this rank leaves its group:
+            # a command that comes meanwhile waits in the mailbox until it has.
+            self._stopping(step, failed_at)
         self._leave()  # at once, even to fail: peers blocked with this rank then fail too
         # What the failed step changed goes back now: last words and the replicas' comparison
         # must see the state the step started from.
@@ -379,13 +384,7 @@ class Recovery:
                 f"rank {rank}: {what}, and this process has no recovery command channel "
                 f"({MAILBOX} is not set: it was not launched by an Unbroken agent)"
             )
-        self._heartbeat(
-            phase=Phase.STOPPING,
-            failed_step=step,
-            failed_at=failure.at if failure is not None else time.time(),
-            failure=self._failure_code(),
-            **({"command_seq": self._command.seq} if self._command is not None else {}),
-        )
+        self._stopping(step, failed_at)
         command = self._command if isinstance(self._command, Rejoin) else None
         self._command = None
         if command is None:
@@ -393,6 +392,15 @@ class Recovery:
             if command is None:
                 return None
         return self._rejoin(command, committed, regroup=True)
+
+    def _stopping(self, step: int, failed_at: float) -> None:
+        self._heartbeat(
+            phase=Phase.STOPPING,
+            failed_step=step,
+            failed_at=failed_at,
+            failure=self._failure_code(),
+            **({"command_seq": self._command.seq} if self._command is not None else {}),
+        )
 
     def join(self, should_stop: Callable[[], bool]) -> int | None:
         """A replacement process: wait for the rejoin command and take the source's state."""

@@ -130,7 +130,7 @@ def test_ranks_forked_from_one_zygote(
     assert seen["argv"] == [str(tmp_path / "train.py"), "ok", str(tmp_path / "ok.json")]
     assert seen["name"] == "__main__" and seen["path0"] == str(tmp_path)
     assert seen["stdin"] == ""
-    assert seen["sigint"] and seen["sigterm"]
+    assert seen["sigint"] and seen["sigterm"], (seen, log.read_text())
     assert seen["threads"] == 2
     assert "rank says hello ok" in ok.log_path.read_text()
 
