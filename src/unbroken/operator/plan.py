@@ -29,7 +29,7 @@ from unbroken.operator.podenv import master_address, pod_env, process_rungs
 from unbroken.operator.requirements import Requirement, chosen_modes, requirements
 from unbroken.spec import ClusterSpec, JobSpec, LauncherArgs, Port, ReplicaType
 from unbroken.spec.job import reserved_ports
-from unbroken.spec.knobs import FaultScheduling, ProcessRecover
+from unbroken.spec.knobs import FaultScheduling, ProcessRecover, SubHealthyStrategy
 
 
 @dataclass(frozen=True)
@@ -232,6 +232,8 @@ def plan(job: JobSpec, cluster: ClusterSpec) -> Plan:
                 "reasons fails. Set it to retry those too"
             )
             break
+    if job.fault_handling.sub_healthy is SubHealthyStrategy.HOT_SWITCH:
+        warnings += _hot_switch_warnings(job, cluster)
     return Plan(
         job=job,
         cluster=cluster,
@@ -241,3 +243,23 @@ def plan(job: JobSpec, cluster: ClusterSpec) -> Plan:
         required=required,
         warnings=tuple(warnings),
     )
+
+
+def _hot_switch_warnings(job: JobSpec, cluster: ClusterSpec) -> list[str]:
+    """What keeps ``hotSwitch`` from acting: the backup pod runs beside the sub-healthy one until
+    the switch, so it needs a node no pod of the job uses; and the rank-0 pod is never switched
+    (as in the reference)."""
+    out = []
+    if cluster.nodes <= job.nodes:
+        out.append(
+            f"{job.source}: metadata.labels.subHealthyStrategy: hotSwitch needs a free node for "
+            f"the backup pod, and this cluster's {cluster.nodes} node(s) all run the job's "
+            f"{job.nodes} pod(s): a sub-healthy pod is not switched and training goes on on its "
+            "device"
+        )
+    if job.nodes == 1:
+        out.append(
+            f"{job.source}: metadata.labels.subHealthyStrategy: hotSwitch never switches the "
+            "rank-0 pod (as the reference), and it is this job's only pod"
+        )
+    return out

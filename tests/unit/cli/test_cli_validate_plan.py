@@ -109,6 +109,20 @@ def test_plan_json_and_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     assert "fault-retry-times: not set" in data["warnings"][0]
 
 
+def test_plan_warns_when_hot_switching_cannot_act(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hotSwitch job on a cluster without a free node: the backup pod has nowhere to run."""
+    assert main(["plan", str(SEED / "hot-switch.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes: 2\ndevicesPerNode: 2\n")
+    assert main(["plan", str(SEED / "hot-switch.yaml"), "--cluster", str(cluster), "--json"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert "hotSwitch needs a free node for the backup pod" in warning, warning
+    assert "all run the job's 2 pod(s)" in warning, warning
+
+
 def test_plan_of_a_bad_job_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(bad_job(tmp_path))]) == 1
     out, err = capsys.readouterr()
