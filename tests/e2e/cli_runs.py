@@ -50,15 +50,7 @@ SHARED_IMAGE: Path | None = None
 def cli_env() -> dict[str, str]:
     """This process's environment without any launcher's variables, with this checkout's
     package first on the path and one thread per torch process."""
-    drop = (
-        "UNBROKEN_",
-        "TORCHELASTIC_",
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "MASTER_",
-        "PYTEST_CURRENT_TEST",  # changes with every test: each run would get an image of its own
-    )
+    drop = ("UNBROKEN_", "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
