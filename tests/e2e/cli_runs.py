@@ -42,11 +42,6 @@ class Reference:
     digest: str
 
 
-#: Where the runs of this test session share their node image (``UNBROKEN_SHARED_IMAGE``):
-#: torch is imported once for all of them, not once per run (set by the session's fixture).
-SHARED_IMAGE: Path | None = None
-
-
 def cli_env() -> dict[str, str]:
     """This process's environment without any launcher's variables, with this checkout's
     package first on the path and one thread per torch process."""
@@ -55,8 +50,6 @@ def cli_env() -> dict[str, str]:
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    if SHARED_IMAGE is not None:
-        env["UNBROKEN_SHARED_IMAGE"] = str(SHARED_IMAGE)
     return env
 
 
