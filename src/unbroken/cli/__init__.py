@@ -7,8 +7,6 @@ Exit codes: 0 success, 1 the input or the job failed (with the reason on stderr)
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
 import importlib
 import logging
 import os
@@ -43,10 +41,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # ``run`` and ``launch`` import torch: the interpreter's final collections then take a
-    # second or two over its module objects. Frozen at exit, they are skipped.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
     args_list = list(sys.argv[1:] if argv is None else argv)
     # ``launch`` passes the training script's own arguments through untouched,
     # so it is dispatched before argparse sees them.

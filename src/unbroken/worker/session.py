@@ -34,7 +34,6 @@ step, even on a replacement process, draws what a fault-free run drew.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import logging
 import os
@@ -500,20 +499,6 @@ def _store_ports() -> list[int]:
     return ports
 
 
-_exit_hook_installed = False
-
-
-def _freeze_at_exit() -> None:
-    """At interpreter exit, move every object to the collector's permanent generation: the
-    final collections then skip torch's hundreds of thousands of module objects, which took
-    1-2 s of CPU per rank at each exit. Objects are still freed by reference count (an open
-    file is flushed as before); only garbage in reference cycles is left to the OS."""
-    global _exit_hook_installed
-    if not _exit_hook_installed:
-        atexit.register(gc.freeze)  # runs after exit handlers registered later (LIFO)
-        _exit_hook_installed = True
-
-
 def init(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -629,7 +614,6 @@ def init(
         raise
     # Data loader workers forked from now on must not hold this rank's links open.
     forks.install()
-    _freeze_at_exit()
     _active = session
     session._start()
     return session
