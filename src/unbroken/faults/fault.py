@@ -97,6 +97,7 @@ class Fault:
     ranks: tuple[int, ...] = ()
     device: int | None = None
     detail: str = ""
+    step: int | None = None  # the step it failed, where a rank said so (a failed step)
 
     @property
     def retryable(self) -> bool:

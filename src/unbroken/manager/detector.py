@@ -115,6 +115,7 @@ def step_fault(report: RankFailed, where: Where, codes: CodeTable) -> Fault | No
         ranks=(report.rank,),
         device=None if report.failure is StepFailure.COLLECTIVE else report.device,
         detail=f"rank {report.rank} (pid {report.pid}) failed step {report.failed_step}: {what}",
+        step=report.failed_step,
     )
 
 

@@ -591,7 +591,13 @@ class JobManager:
             fault = escalate(fault, self.history, now, self.codes)
         self.history.append(fault)
         self.n_faults += 1
-        step = max((v.committed for v in self.ranks.values()), default=self.progress_step)
+        # The step a rank said it failed; else the newest commit heard of (reports of commits
+        # may still be on their way when a fault is detected at once).
+        step = (
+            fault.step
+            if fault.step is not None
+            else max((v.committed for v in self.ranks.values()), default=self.progress_step)
+        )
         fault_id = f"f{self.n_faults}"
         self.ledger.record(
             FaultDetected(
