@@ -34,6 +34,7 @@ step, even on a replacement process, draws what a fault-free run drew.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -48,10 +49,11 @@ import torch
 import torch.distributed as dist
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
-from unbroken.worker import agreement, forks, rng
+from unbroken.worker import agreement, forks, rng, vranks
 from unbroken.worker.agreement import ReplicasDiverged
 from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.data import Batches
+from unbroken.worker.elastic import VirtualGrads, plain_all_gather
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
 from unbroken.worker.recovery import Recovery, RecoverySettings, checkpoint_group
@@ -120,6 +122,8 @@ class Session:
         self._chaos = RankChaos.from_env(env.rank, os.environ) if env.managed else None
         self._rng: StepRng | None = None
         self._recovery: Recovery | None = None
+        self._vgrads: VirtualGrads | None = None
+        self._step = -1
 
     # -- properties --------------------------------------------------------------------------
 
@@ -151,6 +155,35 @@ class Session:
     @property
     def stop_requested(self) -> bool:
         return self._stop.requested
+
+    @property
+    def virtual_ranks(self) -> range:
+        """The virtual data-parallel ranks this process hosts in the current step (see
+        :mod:`unbroken.worker.elastic`); they change when the world size does."""
+        return self._virtual().hosted
+
+    def virtual_rank(self, v: int) -> contextlib.AbstractContextManager[None]:
+        """Run virtual rank ``v``'s forward and backward inside this context."""
+        return self._virtual().virtual_rank(v, self._rng.seed if self._rng else None, self._step)
+
+    def reduce_gradients(self) -> None:
+        """Sum the virtual ranks' gradients in their fixed order (collective); a failed
+        collective fails the step, as a failed DDP all-reduce does."""
+        grads = self._virtual()
+        if self._recovery is None:
+            grads.reduce(plain_all_gather, self.world_size)
+            return
+        if self._recovery.failure is not None:
+            return  # the step failed already; the update is skipped and the step redone
+        try:
+            grads.reduce(self._recovery.sync.all_gather, self.world_size)
+        except RuntimeError as e:
+            self._recovery.sync.fail_step(e)
+
+    def _virtual(self) -> VirtualGrads:
+        if self._vgrads is None:
+            raise RuntimeError("no virtual ranks: pass virtual_ranks=V to unbroken.worker.init")
+        return self._vgrads
 
     def request_stop(self) -> None:
         """Stop at the next step boundary, as SIGTERM does (without its deadline)."""
@@ -262,6 +295,9 @@ class Session:
             self._agree(total, closing=True)  # the replicas end as they must, or it is a fault
 
     def _begin(self, step: int) -> None:
+        self._step = step
+        if self._vgrads is not None:
+            self._vgrads.begin(self.world_size, self.rank)
         if self._recovery is not None:
             self._recovery.begin_step(step)
         elif self._rng is not None:
@@ -515,6 +551,7 @@ def init(
     state: Mapping[str, Any] | None = None,
     data: Any = None,
     agree_every: int = 100,
+    virtual_ranks: int | None = None,
 ) -> Session:
     """Start this rank's training session (collective: every rank calls it).
 
@@ -531,6 +568,11 @@ def init(
     a replica and rolled back with a failed step (:mod:`unbroken.worker.trainstate`,
     :mod:`unbroken.worker.data`). Every ``agree_every`` steps (0: only after recoveries and
     at the end) the ranks compare digests of their state (:mod:`unbroken.worker.agreement`).
+
+    ``virtual_ranks=V`` (an elastic job: ``V`` its largest data-parallel size) makes the
+    gradients' sum independent of the world size: the script runs each of
+    :attr:`Session.virtual_ranks` inside :meth:`Session.virtual_rank` and calls
+    :meth:`Session.reduce_gradients` before the optimizer (:mod:`unbroken.worker.elastic`).
 
     ``seed`` makes each step's random numbers a function of (seed, rank, step). A DDP model
     on more than one rank gets its gradients averaged by a hook that survives a failed
@@ -561,6 +603,10 @@ def init(
             f"WORLD_SIZE={env.world_size} but no process group: call "
             "torch.distributed.init_process_group before unbroken.worker.init"
         )
+    vgrads = None
+    if virtual_ranks is not None:
+        vranks.check_sizes(virtual_ranks, env.world_size)
+        vgrads = VirtualGrads(model, virtual_ranks)
     heartbeat = None
     if env.managed and env.heartbeat_file is not None:
         heartbeat = HeartbeatWriter(
@@ -581,6 +627,7 @@ def init(
         stop_timeout_s=stop_timeout_s,
         agree_every=agree_every,
     )
+    session._vgrads = vgrads
     if root is not None:
         try:
             pg, cut = checkpoint_group(ckpt_timeout_s) if dist.is_initialized() else (None, None)
