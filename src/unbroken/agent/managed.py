@@ -75,6 +75,7 @@ from unbroken.protocol.messages import (
     RestartRanks,
     Sender,
     StopPod,
+    StressRanks,
     WriteLastWords,
     decode_answer,
     decode_order,
@@ -506,6 +507,19 @@ class ManagedAgent:
                         self._mailboxes[rank].post({"op": "pause"})
             case RejoinRanks():
                 self._rejoin(order)
+            case StressRanks(round=round_, master_port=port):  # ranks stopped at a boundary
+                for rank, proc in self.ranks.items():
+                    if proc.alive and rank in self._mailboxes:
+                        self._mailboxes[rank].post(
+                            {
+                                "op": "stress",
+                                "round": round_,
+                                "master_addr": self.args.master_addr,
+                                "master_port": port,
+                                "rank": rank,
+                                "world_size": self.args.world_size,
+                            }
+                        )
             case WriteLastWords(rank=rank):  # last words from one stopped rank of this pod
                 proc = self.ranks.get(rank)
                 if proc is not None and proc.alive and rank in self._mailboxes:

@@ -3,7 +3,9 @@
 
 Signals go to rank processes by pid (SIGKILL, SIGSTOP, SIGUSR1 for an exception, SIGUSR2 for a
 device memory error), the kernel resets a rank's TCP links to its peers (``ss -K``), a node's
-processes die at once, and device codes go through the ``sim`` health provider. The injector
+processes die at once, and device codes go through the ``sim`` health provider, as does a
+silent data corruption (``sdc``: the device computes wrong while its health stays good, so only
+an online stress test finds it). The injector
 finds the processes through an :class:`InjectionTarget` (the job manager), so it knows nothing
 of how they were started; it returns what it did, for the ledger and the console.
 """
@@ -18,8 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from unbroken.chaos.schedule import ChaosFault, InjectKind
-from unbroken.devices import clear_device_fault, inject_device_fault
+from unbroken.devices import clear_device_fault, inject_device_fault, inject_silent_fault
 from unbroken.worker.linkfault import LinkFaultError, reset_links
+
+#: The code a silent data corruption is recorded with when none is given.
+SDC_CODE = "SDC"
 
 _SIGNALS = {
     InjectKind.KILL: signal.SIGKILL,
@@ -153,6 +158,12 @@ class Injector:
         if clear:
             clear_device_fault(self.t.sim_dir, node, device)
             return f"device {device} of {node} healthy again"
+        if kind is InjectKind.SDC:
+            inject_silent_fault(self.t.sim_dir, node, device, code or SDC_CODE)
+            return (
+                f"silent data corruption {code or SDC_CODE} on {node} device {device}: it "
+                "computes wrong, its health stays good"
+            )
         if not code:
             raise ValueError("a device fault needs --code")
         inject_device_fault(self.t.sim_dir, node, device, code)

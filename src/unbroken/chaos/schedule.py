@@ -44,6 +44,7 @@ class InjectKind(StrEnum):
     LINK = "link"  # the kernel resets a rank's TCP links to its peers (ss -K)
     NODE = "node"  # SIGKILL every process of a node (agents and ranks)
     DEVICE = "device"  # a device health code through the sim provider
+    SDC = "sdc"  # silent data corruption: a sim device computes wrong, its health stays good
 
 
 class ChaosError(ValueError):
@@ -234,13 +235,15 @@ def _one(
             raise _Bad("rank", f"{rank} does not exist (the job has ranks 0-{world_size - 1})")
     if pod is not None and pod not in pods:
         raise _Bad("pod", f"{pod!r} does not exist (pods: {', '.join(pods)})")
-    if kind in (InjectKind.NODE, InjectKind.DEVICE):
+    if kind in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC):
         if node is None:
             raise _Bad("", f"kind {kind}: 'node' is required")
         if node not in nodes:
             raise _Bad("node", f"{node!r} does not exist (nodes: {', '.join(nodes)})")
     if kind is InjectKind.DEVICE and (device is None or code is None):
         raise _Bad("", "kind device: 'device' and 'code' are required")
+    if kind is InjectKind.SDC and device is None:
+        raise _Bad("", "kind sdc: 'device' is required")
     return ChaosFault(
         index=i,
         kind=kind,

@@ -24,6 +24,7 @@ _COMMANDS: dict[str, str] = {
     "events": "events",
     "report": "report",
     "inject": "inject",
+    "stress-test": "stress",
 }
 
 

@@ -4,7 +4,9 @@ Kinds: ``kill`` (SIGKILL a rank or every rank of a pod), ``exception`` (a Python
 raised in the rank), ``hang`` (SIGSTOP), ``memory`` (a device memory error corrupts the rank's
 state in its next step), ``link`` (the kernel resets the rank's TCP links to its peers, or with
 ``--peer P`` only the one to rank P), ``node`` (every process of a node dies at once),
-``device`` (a device fault code through the ``sim`` health provider).
+``device`` (a device fault code through the ``sim`` health provider), ``sdc`` (silent data
+corruption: a ``sim`` device computes wrong while its health stays good; only an online stress
+test, ``unbroken stress-test``, finds it).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     kind = InjectKind(args.kind)
+    if kind is InjectKind.SDC and (args.device is None or args.node is None):
+        print("unbroken inject: sdc needs --node and --device", file=sys.stderr)
+        return 2
     if kind in (InjectKind.NODE, InjectKind.DEVICE) and args.node is None:
         print(f"unbroken inject: {kind} needs --node", file=sys.stderr)
         return 2
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             "unbroken inject: device needs --device and one of --code or --clear", file=sys.stderr
         )
         return 2
-    if kind not in (InjectKind.NODE, InjectKind.DEVICE) and args.node is not None:
+    if kind not in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC) and args.node is not None:
         print(f"unbroken inject: {kind} targets --rank or --pod", file=sys.stderr)
         return 2
     if kind is InjectKind.LINK and args.rank is None:

@@ -24,7 +24,9 @@ from unbroken.devices.sim import (
     SimProvider,
     clear_device_fault,
     inject_device_fault,
+    inject_silent_fault,
     read_node_state,
+    silent_fault,
     state_path,
 )
 
@@ -42,6 +44,8 @@ __all__ = [
     "SimProvider",
     "clear_device_fault",
     "inject_device_fault",
+    "inject_silent_fault",
     "read_node_state",
+    "silent_fault",
     "state_path",
 ]

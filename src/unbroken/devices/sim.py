@@ -6,11 +6,16 @@ Each node's device state is one JSON file, ``<state_dir>/<node>.json``::
      "faults": {"0": {"code": "80E01801", "detail": "injected", "at": 1767225600.0}}}
 
 A device listed under ``faults`` is unhealthy with that code since ``at``; every other device
-is healthy. :func:`inject_device_fault` and :func:`clear_device_fault` (what
-``unbroken inject device`` runs) change a file under a per-node lock and replace it atomically
-(write a temporary file, then rename), so the provider, polling from the run's process, always
-reads a whole file. A file that is not valid state is reported with its path and the problem,
-never silently treated as healthy.
+is healthy. A device listed under ``silent`` (an optional object of the same shape) computes
+wrong without saying so, as silent data corruption does: its health stays good and only a
+compute check finds it, the online stress test's device check (:mod:`unbroken.worker.stress`
+reads :func:`silent_fault` and perturbs the product it computes on such a device).
+
+:func:`inject_device_fault`, :func:`inject_silent_fault` and :func:`clear_device_fault` (what
+``unbroken inject device`` and ``unbroken inject sdc`` run) change a file under a per-node
+lock and replace it atomically (write a temporary file, then rename), so the provider, polling
+from the run's process, always reads a whole file. A file that is not valid state is reported
+with its path and the problem, never silently treated as healthy.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,7 @@ class NodeState:
     node: str
     devices: int
     faults: Mapping[int, InjectedFault]
+    silent: Mapping[int, InjectedFault] = field(default_factory=dict)
 
     def health(self) -> tuple[DeviceHealth, ...]:
         out = []
@@ -127,19 +133,44 @@ def inject_device_fault(
         state = _read_existing(Path(state_dir), node)
         _check_device(state, device)
         faults = {**state.faults, device: InjectedFault(code, detail, stamp)}
-        _write(state_path(Path(state_dir), node), NodeState(node, state.devices, faults))
+        _write(state_path(Path(state_dir), node), replace(state, faults=faults))
 
 
 def clear_device_fault(state_dir: Path, node: str, device: int) -> bool:
-    """Make a simulated device healthy again; False when it was not faulty."""
+    """Make a simulated device healthy again (a silent fault of it too); False when it was
+    not faulty."""
     with _locked(Path(state_dir), node):
         state = _read_existing(Path(state_dir), node)
         _check_device(state, device)
-        if device not in state.faults:
+        if device not in state.faults and device not in state.silent:
             return False
         faults = {d: f for d, f in state.faults.items() if d != device}
-        _write(state_path(Path(state_dir), node), NodeState(node, state.devices, faults))
+        silent = {d: f for d, f in state.silent.items() if d != device}
+        _write(state_path(Path(state_dir), node), NodeState(node, state.devices, faults, silent))
         return True
+
+
+def inject_silent_fault(
+    state_dir: Path, node: str, device: int, code: str, detail: str = "", at: float | None = None
+) -> None:
+    """Make a simulated device compute wrong without a word (silent data corruption)."""
+    if not code or code.strip() != code:
+        raise ValueError(f"a device fault code must be a non-empty word, got {code!r}")
+    stamp = time.time() if at is None else at
+    with _locked(Path(state_dir), node):
+        state = _read_existing(Path(state_dir), node)
+        _check_device(state, device)
+        silent = {**state.silent, device: InjectedFault(code, detail, stamp)}
+        _write(state_path(Path(state_dir), node), replace(state, silent=silent))
+
+
+def silent_fault(state_dir: Path, node: str, device: int) -> InjectedFault | None:
+    """The silent fault of a simulated device, None when it computes right (or when the
+    node has no state file: not a simulated device)."""
+    path = state_path(Path(state_dir), node)
+    if not path.exists():
+        return None
+    return _read(path, node).silent.get(device)
 
 
 def read_node_state(state_dir: Path, node: str) -> NodeState:
@@ -195,6 +226,15 @@ def _parse(raw: Any, node: str) -> NodeState:
     faults_raw = raw.get("faults")
     if not isinstance(faults_raw, dict):
         raise ValueError(f"'faults' is {faults_raw!r}, expected an object")
+    silent_raw = raw.get("silent", {})
+    if not isinstance(silent_raw, dict):
+        raise ValueError(f"'silent' is {silent_raw!r}, expected an object")
+    return NodeState(
+        node, devices, _parse_faults(faults_raw, devices), _parse_faults(silent_raw, devices)
+    )
+
+
+def _parse_faults(faults_raw: dict[Any, Any], devices: int) -> dict[int, InjectedFault]:
     faults: dict[int, InjectedFault] = {}
     for key, value in faults_raw.items():
         if not (isinstance(key, str) and key.isdigit() and int(key) < devices):
@@ -209,11 +249,11 @@ def _parse(raw: Any, node: str) -> NodeState:
         if not isinstance(at, int | float) or isinstance(at, bool):
             raise ValueError(f"fault of device {key}: 'at' is {at!r}, expected a time")
         faults[int(key)] = InjectedFault(code, detail, float(at))
-    return NodeState(node, devices, faults)
+    return faults
 
 
 def _write(path: Path, state: NodeState) -> None:
-    data = {
+    data: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "node": state.node,
@@ -223,6 +263,11 @@ def _write(path: Path, state: NodeState) -> None:
             for d, f in sorted(state.faults.items())
         },
     }
+    if state.silent:
+        data["silent"] = {
+            str(d): {"code": f.code, "detail": f.detail, "at": f.at}
+            for d, f in sorted(state.silent.items())
+        }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -29,6 +29,10 @@ from unbroken.ledger.events import (
     StateLoaded,
     StateSource,
     StepProgress,
+    StressLinkResult,
+    StressRankResult,
+    StressTested,
+    StressTestFinished,
 )
 from unbroken.ledger.goodput import (
     CAUSE_LABELS,
@@ -87,6 +91,10 @@ __all__ = [
     "StateLoaded",
     "StateSource",
     "StepProgress",
+    "StressLinkResult",
+    "StressRankResult",
+    "StressTestFinished",
+    "StressTested",
     "decode",
     "encode",
     "format_goodput",

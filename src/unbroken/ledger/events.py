@@ -278,3 +278,71 @@ class PodHotSwitched(Event):
     step: int
     prepare_s: float
     switch_s: float
+
+
+# -- online stress tests -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StressRankResult:
+    """One rank in a stress test: its device check's code (the seed's ``aic``) and checksum,
+    its links' code (``p2p``), and why a code is not 0."""
+
+    rank: int
+    pod: str
+    node: str
+    device: int | None
+    device_code: int
+    link_code: int
+    checksum: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StressLinkResult:
+    """One link between two ranks: its bandwidth in GB/s (the slower end's measure) and code."""
+
+    a: int
+    b: int
+    gbps: float
+    code: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StressTested(Event):
+    """Online stress test ``round`` ran while every rank stood at a step boundary after
+    ``step``: each device's compute check and each link's bandwidth, with the seed's result
+    codes (0 no fault, 1 failed but training can resume, 2 fault found: isolate, 3 timed out).
+    ``code``: the worst of them; ``faulty``: the ranks with a 2, handed to the recovery ladder
+    as stress-test faults; ``stop_s``: from the request until every rank stood still;
+    ``test_s``: the test itself."""
+
+    round: int
+    step: int
+    code: int
+    ranks: tuple[StressRankResult, ...]
+    links: tuple[StressLinkResult, ...]
+    median_gbps: float
+    faulty: tuple[int, ...]
+    stop_s: float
+    test_s: float
+
+
+@dataclass(frozen=True)
+class StressTestFinished(Event):
+    """Training resumed after stress test ``round``: generation ``generation`` committed
+    ``step`` first. ``paused_s``: from the request to that commit, all the time training stood
+    still (``stop_s`` to stop every rank at a step boundary, ``test_s`` for the checks,
+    ``resume_s`` to rejoin, or to recover from what the test found, and commit a step);
+    ``recovered``: a fault it found was recovered from before training resumed."""
+
+    round: int
+    generation: int
+    step: int
+    code: int
+    paused_s: float
+    stop_s: float
+    test_s: float
+    resume_s: float
+    recovered: bool = False

@@ -424,6 +424,15 @@ class Executor:
             )
         return out
 
+    def ranks_seen(self) -> dict[int, RankSeen]:
+        """Every rank as the multi-step operations see it."""
+        return self._seen()
+
+    def rejoin_in_place(self, now: float) -> None:
+        """Every rank, stopped or stopping at a step boundary, rejoins a new generation in its
+        own process with its own state (after an online stress test that found nothing)."""
+        self._rejoin(replace={}, now=now)
+
     def _rejoin(
         self,
         replace: Mapping[str, tuple[int, ...]],

@@ -72,6 +72,7 @@ from unbroken.manager.progress import (
     median_step_time,
 )
 from unbroken.manager.service import CommandQueues, Inbound, build_server
+from unbroken.manager.stress import ManagerStressHost, StressTester
 from unbroken.manager.web import WebEndpoint, WebError
 from unbroken.policy import FaultDetected as PolicyFault
 from unbroken.policy import Feasibility
@@ -105,7 +106,7 @@ log = logging.getLogger(__name__)
 
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
-_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject"})
+_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest"})
 
 
 class ManagerError(RuntimeError):
@@ -191,6 +192,8 @@ class JobManager:
             commands=self.commands,
             clock=clock,
         )
+        #: Online stress tests (``unbroken stress-test``).
+        self.stress = StressTester(ManagerStressHost(self), job, ledger, self.console)
 
     # ---- what the executor needs (ExecutorHost) -----------------------------------------
     @property
@@ -386,6 +389,13 @@ class JobManager:
                     msg.reply.put({"ok": True, "detail": detail})
                 except ValueError as exc:
                     msg.reply.put({"ok": False, "error": str(exc)})
+            case "StressTest":
+                assert msg.reply is not None
+                try:
+                    round_, detail = self.stress.request(self.clock())
+                    msg.reply.put({"ok": True, "round": round_, "detail": detail})
+                except ValueError as exc:
+                    msg.reply.put({"ok": False, "error": str(exc)})
             case method if method in (HELLO, HEARTBEAT, REPORT):
                 sender, report = decode_report(method, body)
                 match report:
@@ -543,6 +553,7 @@ class JobManager:
         self._settle(now)
         self._phases(now)
         self.executor.poll_rejoin(now)
+        self.stress.poll(now)
         self.executor.poll_dump(now)
         self.executor.poll_held(now)
         self.executor.keep_spares(now)
@@ -697,6 +708,7 @@ class JobManager:
             self.ledger.record(
                 FirstStepCommitted(generation=gen, step=first), at=ph.first_commit_at
             )
+            self.stress.resumed(gen, ph.first_commit_at, first)
             rung = self.executor.rung_of(gen)
             if self.incident is not None and self.executor.stale(rung):
                 # A rung given up began this generation; the rung now carried out will

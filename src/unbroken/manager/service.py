@@ -80,6 +80,7 @@ def build_server(
             HEARTBEAT: post(HEARTBEAT),
             REPORT: post(REPORT),
             "Inject": ask("Inject"),
+            "StressTest": ask("StressTest"),
         },
         streams={COMMANDS: agent_commands},
     )

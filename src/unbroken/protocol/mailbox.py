@@ -27,6 +27,13 @@ Commands (:func:`parse_command` checks them; extra fields are ignored):
     committed state as a checkpoint of the whole job, alone and atomically, then goes on
     waiting (a stop or a rejoin follows).
 
+``{"op": "stress", "seq": n, "round": t, "master_addr": a, "master_port": p, "rank": r,
+"world_size": w}``
+    Online stress test ``t``: a rank stopped at a step boundary joins a process group of its
+    own for the test (its store at ``a:p``) as rank ``r`` of ``w``, checks its device and its
+    links (:mod:`unbroken.protocol.stress`), writes its result to that store, leaves the
+    group and goes on waiting (a rejoin follows).
+
 Both ends live here (the agent's :class:`MailboxWriter`, the rank's :class:`MailboxReader`), so
 the format is written once. Standard library only: the agent uses it without torch.
 """
@@ -55,6 +62,7 @@ class Op(StrEnum):
     PAUSE = "pause"
     REJOIN = "rejoin"
     DUMP = "dump"
+    STRESS = "stress"
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,24 @@ class Dump:
         return Op.DUMP
 
 
-Command = Pause | Rejoin | Dump
+@dataclass(frozen=True)
+class Stress:
+    """Run stress test ``round`` in a group of its own (store at ``master_addr:master_port``)
+    as rank ``rank`` of ``world_size``, then keep waiting."""
+
+    seq: int
+    round: int
+    master_addr: str
+    master_port: int
+    rank: int
+    world_size: int
+
+    @property
+    def op(self) -> Op:
+        return Op.STRESS
+
+
+Command = Pause | Rejoin | Dump | Stress
 
 
 def _int_field(data: Mapping[str, Any], name: str, low: int, high: int | None = None) -> int:
@@ -120,7 +145,7 @@ def parse_command(data: Mapping[str, Any]) -> Command:
         return Pause(seq=seq)
     if op == Op.DUMP:
         return Dump(seq=seq)
-    if op != Op.REJOIN:
+    if op not in (Op.REJOIN, Op.STRESS):
         raise MailboxError(
             f"mailbox command op {op!r} is not one of {', '.join(o.value for o in Op)}"
         )
@@ -128,6 +153,15 @@ def parse_command(data: Mapping[str, Any]) -> Command:
     if not isinstance(addr, str) or not addr:
         raise MailboxError(f"mailbox command field master_addr={addr!r} is not a host name")
     world_size = _int_field(data, "world_size", 1)
+    if op == Op.STRESS:
+        return Stress(
+            seq=seq,
+            round=_int_field(data, "round", 1),
+            master_addr=addr,
+            master_port=_int_field(data, "master_port", 1, 65535),
+            rank=_int_field(data, "rank", 0, world_size - 1),
+            world_size=world_size,
+        )
     return Rejoin(
         seq=seq,
         generation=_int_field(data, "generation", 0),

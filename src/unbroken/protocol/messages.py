@@ -15,7 +15,7 @@ Wire shapes (unchanged from the dicts sent before this module existed):
 - ``AgentReport`` adds ``event`` (``ranks-started``, ``ranks-rejoined``, ``rank-exited``,
   ``rank-failed``, ``rank-hung``, ``pod-finished``, ``pod-stopped``) and that event's fields;
 - an order is an object with ``op`` (``restart``, ``end``, ``pause``, ``rejoin``, ``dump``,
-  ``stop``) and its fields.
+  ``stress``, ``stop``) and its fields.
 
 A malformed message raises :class:`ProtocolError` (a ``ValueError``): the receiver refuses it
 and goes on. Standard library only.
@@ -455,6 +455,15 @@ class WriteLastWords:
 
 
 @dataclass(frozen=True)
+class StressRanks:
+    """Every rank of the pod, stopped at a step boundary, runs online stress test ``round``
+    in a process group of its own whose store listens at ``master_port``."""
+
+    round: int
+    master_port: int
+
+
+@dataclass(frozen=True)
 class StopPod:
     """Stop every rank (SIGTERM and ``grace_s``; None: SIGKILL at once), then exit, 0 when the
     job ``success``-fully ended."""
@@ -463,7 +472,7 @@ class StopPod:
     success: bool = False
 
 
-Order = RestartRanks | EndRanks | PauseRanks | RejoinRanks | WriteLastWords | StopPod
+Order = RestartRanks | EndRanks | PauseRanks | RejoinRanks | WriteLastWords | StressRanks | StopPod
 
 _OPS: dict[type[Any], str] = {
     RestartRanks: "restart",
@@ -471,6 +480,7 @@ _OPS: dict[type[Any], str] = {
     PauseRanks: "pause",
     RejoinRanks: "rejoin",
     WriteLastWords: "dump",
+    StressRanks: "stress",
     StopPod: "stop",
 }
 
@@ -506,6 +516,8 @@ def decode_order(body: Mapping[str, Any]) -> Order:
             )
         case "dump":
             return WriteLastWords(rank=_int(body, "rank"))
+        case "stress":
+            return StressRanks(round=_int(body, "round"), master_port=_int(body, "master_port"))
         case "stop":
             grace = body.get("grace_s")
             return StopPod(
@@ -542,6 +554,7 @@ __all__ = [
     "RestartRanks",
     "Sender",
     "StopPod",
+    "StressRanks",
     "WriteLastWords",
     "decode_answer",
     "decode_order",

@@ -16,6 +16,7 @@ from unbroken.protocol.mailbox import (
     Op,
     Pause,
     Rejoin,
+    Stress,
     parse_command,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "Op",
     "Pause",
     "Rejoin",
+    "Stress",
     "parse_command",
 ]

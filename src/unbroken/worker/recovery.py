@@ -29,7 +29,9 @@ Then, at the boundary, the rank
 5. *redoes* the step: the session yields step ``k`` again; the step's random numbers are the
    same (:mod:`unbroken.worker.steprng`).
 
-While it waits in step 2, a ``dump`` command makes the rank write *last words*: its committed
+While it waits in step 2, a ``stress`` command makes the rank run an online stress test (its
+device and its links, in a group of its own: :mod:`unbroken.worker.stress`) and go on waiting;
+a ``dump`` command makes the rank write *last words*: its committed
 state (the state the interrupted step started from) as a checkpoint of the whole job, alone
 (it has left every group) and atomically (:meth:`Checkpointer.save_last_words`), with every
 rank's data position at that step; the heartbeat stamps ``dumped_step``/``dumped_at``, or
@@ -95,6 +97,7 @@ from unbroken.worker.mailbox import (
     MailboxReader,
     Pause,
     Rejoin,
+    Stress,
     parse_command,
 )
 from unbroken.worker.opretry import (
@@ -106,6 +109,7 @@ from unbroken.worker.opretry import (
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.sharding import in_process_refusal
 from unbroken.worker.steprng import StepRng
+from unbroken.worker.stress import DeviceRef, device_checksum, run_stress
 from unbroken.worker.torchapi import (
     PrefixStore,
     broadcast_coalesced,
@@ -142,6 +146,7 @@ class RecoverySettings:
     ckpt_timeout_s: float = 600.0
     poll_interval_s: float = 0.005  # the mailbox poll while stopped: one stat() each
     op_retry: OpRetrySettings | None = None  # HCCL_OP_RETRY_*: None when off for this group
+    device: DeviceRef | None = None  # the simulated device the stress test's check runs on
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **values: Any) -> RecoverySettings:
@@ -156,6 +161,7 @@ class RecoverySettings:
                 "repair command from its mailbox"
             )
         port_raw = environ.get("MASTER_PORT", "")
+        values.setdefault("device", _sim_device(environ))
         return cls(
             mailbox=Path(mailbox) if mailbox else None,
             join=join,
@@ -208,6 +214,8 @@ class Recovery:
             else None
         )
         self._command: Command | None = None
+        #: The device check's checksum at the start, what a stress test compares with.
+        self.stress_expected = device_checksum(settings.device) if self._reader else ""
         self._update_failure: SyncFailure | None = None
         self._suspect = False
         self._resumed = False
@@ -385,8 +393,10 @@ class Recovery:
                 f"({MAILBOX} is not set: it was not launched by an Unbroken agent)"
             )
         self._stopping(step, failed_at)
-        command = self._command if isinstance(self._command, Rejoin) else None
-        self._command = None
+        pending, self._command = self._command, None
+        if isinstance(pending, Stress):  # it came before the pause was seen: the same stop
+            self._stress(pending)
+        command = pending if isinstance(pending, Rejoin) else None
         if command is None:
             command = self._wait_for_rejoin(what, should_stop, committed)
             if command is None:
@@ -435,9 +445,12 @@ class Recovery:
                 return command
             if isinstance(command, Pause):
                 self._heartbeat(command_seq=command.seq)
-            if isinstance(command, Dump):
+            if isinstance(command, Dump | Stress):
                 began = time.monotonic()
-                self._dump(command, committed)
+                if isinstance(command, Dump):
+                    self._dump(command, committed)
+                else:
+                    self._stress(command)
                 deadline += time.monotonic() - began
             if time.monotonic() >= deadline:
                 raise RecoveryFailed(
@@ -446,6 +459,20 @@ class Recovery:
                     f"{self.settings.command_timeout_s:.0f} s, giving up"
                 )
             time.sleep(self.settings.poll_interval_s)
+
+    def _stress(self, command: Stress) -> None:
+        """Online stress test ``command.round``; a test that cannot run is logged (the manager
+        sees no result from this rank: a timeout) and the rank goes on waiting."""
+        self._heartbeat(command_seq=command.seq)
+        try:
+            run_stress(
+                command,
+                self.stress_expected,
+                self.settings.device,
+                timeout_s=self.settings.comm_timeout_s,
+            )
+        except (RuntimeError, ValueError) as e:
+            logger.error("rank %d: stress test %d failed: %s", self.rank, command.round, e)
 
     def _dump(self, command: Dump, committed: int | None) -> None:
         self._heartbeat(command_seq=command.seq)
@@ -604,6 +631,17 @@ class Recovery:
     def _heartbeat(self, **values: Any) -> None:
         if self.heartbeat is not None:
             self.heartbeat.update(**values)
+
+
+def _sim_device(environ: Mapping[str, str]) -> DeviceRef | None:
+    """This rank's simulated device, from its agent's ``UNBROKEN_RUN_DIR``/``UNBROKEN_NODE``/
+    ``UNBROKEN_DEVICES`` and ``LOCAL_RANK`` (None outside an embedded run)."""
+    run_dir, node = environ.get("UNBROKEN_RUN_DIR"), environ.get("UNBROKEN_NODE")
+    devices = [d for d in environ.get("UNBROKEN_DEVICES", "").split(",") if d.isdigit()]
+    local = environ.get("LOCAL_RANK", "0")
+    if not run_dir or not node or not local.isdigit() or int(local) >= len(devices):
+        return None
+    return DeviceRef(Path(run_dir) / "devices", node, int(devices[int(local)]))
 
 
 def checkpoint_group(timeout_s: float) -> tuple[dist.ProcessGroup, Callable[[], int]]:

@@ -16,6 +16,7 @@ def test_the_protocol_imports_only_the_standard_library() -> None:
     code = (
         "import json, sys\n"
         "import unbroken.protocol, unbroken.protocol.messages, unbroken.protocol.mailbox\n"
+        "import unbroken.protocol.stress\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run(
@@ -24,7 +25,10 @@ def test_the_protocol_imports_only_the_standard_library() -> None:
     ours = {m for m in json.loads(out.stdout) if m.split(".")[0] == "unbroken"}
     assert ours <= {
         "unbroken",
-        *(f"unbroken.protocol{s}" for s in ("", ".kinds", ".heartbeat", ".mailbox", ".messages")),
+        *(
+            f"unbroken.protocol{s}"
+            for s in ("", ".kinds", ".heartbeat", ".mailbox", ".messages", ".stress")
+        ),
     }
     heavy = {"torch", "grpc", "yaml"} & {m.split(".")[0] for m in json.loads(out.stdout)}
     assert heavy == set()

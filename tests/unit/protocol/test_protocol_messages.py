@@ -35,6 +35,7 @@ from unbroken.protocol.messages import (
     RestartRanks,
     Sender,
     StopPod,
+    StressRanks,
     WriteLastWords,
     decode_answer,
     decode_order,
@@ -145,6 +146,7 @@ ORDERS: list[Order] = [
     PauseRanks(),
     RejoinRanks(generation=5, master_port=29502, source=0, step=40, replace=(2,)),
     WriteLastWords(rank=1),
+    StressRanks(round=2, master_port=29503),
     StopPod(grace_s=5.0, success=True),
     StopPod(),
 ]

@@ -19,6 +19,7 @@ from unbroken.worker.mailbox import (
     Op,
     Pause,
     Rejoin,
+    Stress,
     parse_command,
 )
 
@@ -81,6 +82,20 @@ def test_a_dump_command_asks_for_last_words(tmp_path: Path) -> None:
     assert parse_command(command).op is Op.DUMP
 
 
+def test_a_stress_command_names_the_test_its_store_and_the_rank(tmp_path: Path) -> None:
+    writer = MailboxWriter(tmp_path / "mb")
+    reader = MailboxReader(tmp_path / "mb")
+    body = {"op": "stress", "round": 3, "master_addr": "127.0.0.1", "master_port": 2950}
+    writer.post({**body, "rank": 1, "world_size": 4})
+    command = reader.poll()
+    assert command is not None
+    assert parse_command(command) == Stress(
+        seq=1, round=3, master_addr="127.0.0.1", master_port=2950, rank=1, world_size=4
+    )
+    with pytest.raises(MailboxError, match=r"field rank=4 is not in 0\.\.3"):
+        writer.post({**body, "rank": 4, "world_size": 4})
+
+
 def test_a_reader_skips_a_command_older_than_itself_unless_told_not_to(tmp_path: Path) -> None:
     path = tmp_path / "mb"
     MailboxWriter(path).post(REJOIN)
@@ -113,7 +128,7 @@ def test_posting_leaves_no_temporary_file_and_the_file_is_one_json_object(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"op": "resume"}, "mailbox command op 'resume' is not one of pause, rejoin, dump"),
+        ({"op": "resume"}, "mailbox command op 'resume' is not one of pause, rejoin, dump, stress"),
         ({"rank": 4}, "mailbox command field rank=4 is not in 0..3"),
         ({"source": -1}, "mailbox command field source=-1 is not in 0..3"),
         ({"master_port": 70000}, "mailbox command field master_port=70000 is not in 1..65535"),

@@ -1,0 +1,119 @@
+"""``unbroken stress-test``: an online stress test of a running job, through its control plane.
+
+Every rank stops at its next step boundary, checks its device (a fixed-seed matrix product's
+checksum against the one it computed at its start) and its links (GB/s between paired ranks),
+and training resumes; a fault found goes to the recovery ladder first. The command waits for
+the verdict and for training to resume, and prints both from the run's ledger (the seed's
+result codes: 0 no fault, 1 failed but training can resume, 2 fault found: isolate, 3 timed
+out). Exit code 0 when every code is 0, 1 otherwise or when the test could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from unbroken.cli.rundir import RunDirError, control_of, find_run
+from unbroken.ledger import Ledger, LedgerError
+from unbroken.rpc import ControlClient, RpcError
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "stress-test", help="pause a running job, check its devices and links, resume"
+    )
+    p.add_argument("--run", type=Path, default=None, help="run directory (default: newest)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for training to resume"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        run_dir = find_run(args.run)
+        control = control_of(run_dir)
+    except RunDirError as exc:
+        print(f"unbroken stress-test: {exc}", file=sys.stderr)
+        return 1
+    client = ControlClient(str(control["address"]), str(control["secret"]), timeout_s=15.0)
+    try:
+        reply = client.call("StressTest", {})
+    except RpcError as exc:
+        print(f"unbroken stress-test: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if not reply.get("ok"):
+        print(f"unbroken stress-test: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(reply.get("detail", "stress test requested"), flush=True)
+    return _follow(run_dir, int(reply["round"]), args.timeout)
+
+
+def _follow(run_dir: Path, round_: int, timeout_s: float) -> int:
+    """Print the test's verdict and the pause once the ledger has them."""
+    try:
+        ledger = Ledger(run_dir / "ledger.db", create=False)
+    except LedgerError as exc:
+        print(f"unbroken stress-test: {exc}", file=sys.stderr)
+        return 1
+    deadline = time.monotonic() + timeout_s
+    tested: dict[str, Any] | None = None
+    last = 0
+    try:
+        while time.monotonic() < deadline:
+            for rec in ledger.events(since_id=last, kinds=["StressTested", "StressTestFinished"]):
+                last = rec.id
+                if rec.data.get("round") != round_:
+                    continue
+                if rec.kind == "StressTested":
+                    tested = rec.data
+                    _print_verdict(tested)
+                else:
+                    _print_finished(rec.data)
+                    return 0 if rec.data["code"] == 0 else 1
+            st = ledger.status()
+            if st is not None and st.phase.finished:
+                print(f"unbroken stress-test: the job ended ({st.phase})", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    finally:
+        ledger.close()
+    what = "training to resume" if tested is not None else "the verdict"
+    print(f"unbroken stress-test: no {what} within {timeout_s:.0f} s", file=sys.stderr)
+    return 1
+
+
+def _print_verdict(t: dict[str, Any]) -> None:
+    print(
+        f"stress test {t['round']} at step {t['step']}: code {t['code']}; ranks stopped in "
+        f"{t['stop_s']:.2f} s, tested in {t['test_s']:.2f} s"
+    )
+    print(f"  {'rank':>4}  {'node':<8} {'device':>6}  aic  p2p  checksum          why")
+    for r in t["ranks"]:
+        device = "-" if r["device"] is None else str(r["device"])
+        print(
+            f"  {r['rank']:>4}  {r['node']:<8} {device:>6}  {r['device_code']:>3}  "
+            f"{r['link_code']:>3}  {r['checksum'] or '-':<16}  {r['reason']}".rstrip()
+        )
+    for link in t["links"]:
+        print(
+            f"  link {link['a']}-{link['b']}: {link['gbps']:6.2f} GB/s  code {link['code']}"
+            + (f"  {link['reason']}" if link["reason"] else "")
+        )
+    print(f"  median link: {t['median_gbps']:.2f} GB/s", flush=True)
+    if t["faulty"]:
+        ranks = ", ".join(map(str, t["faulty"]))
+        print(f"  fault found on rank(s) {ranks}: handed to the recovery ladder", flush=True)
+
+
+def _print_finished(f: dict[str, Any]) -> None:
+    how = "recovery" if f["recovered"] else "rejoin"
+    print(
+        f"training resumed: step {f['step']} committed by generation {f['generation']}; "
+        f"paused {f['paused_s']:.2f} s (stop {f['stop_s']:.2f} s, test {f['test_s']:.2f} s, "
+        f"{how} {f['resume_s']:.2f} s)"
+    )
