@@ -239,15 +239,21 @@ class ManagedAgent:
         return max(p.started_at for p in self.ranks.values())
 
     def _post_rejoin(self, rank: int, order: RejoinRanks) -> None:
+        # An elastic job's smaller world numbers its ranks anew (``order.world``); the source
+        # is named by the job's rank, so it is numbered the same way.
+        world = order.world or tuple(range(self.args.world_size))
+        if rank not in world or order.source not in world:
+            log.error("rejoin: rank %d or source %d is not in world %s", rank, order.source, world)
+            return
         self._mailboxes[rank].post(
             {
                 "op": "rejoin",
                 "generation": order.generation,
                 "master_addr": self.args.master_addr,
                 "master_port": self.args.master_port,
-                "rank": rank,
-                "world_size": self.args.world_size,
-                "source": order.source,
+                "rank": world.index(rank),
+                "world_size": len(world),
+                "source": world.index(order.source),
                 "step": order.step,
             }
         )

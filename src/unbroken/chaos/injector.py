@@ -71,6 +71,11 @@ class InjectionTarget(Protocol):
         """SIGKILL every process of ``node``; how many."""
         ...
 
+    def return_node(self, node: str) -> str:
+        """``node``, taken out of the pool when it was lost, is back (repaired); raises
+        :class:`ValueError` when it is not out of the pool."""
+        ...
+
 
 def due(
     chaos: Sequence[ChaosFault], fired: set[int], elapsed_s: float, step: int
@@ -117,7 +122,13 @@ class Injector:
     def fire(self, c: ChaosFault) -> str:
         """Inject one scheduled fault."""
         return self.inject(
-            c.kind, rank=c.rank, pod=c.pod, node=c.node, device=c.device, code=c.code
+            c.kind,
+            rank=c.rank,
+            pod=c.pod,
+            node=c.node,
+            device=c.device,
+            code=c.code,
+            clear=c.clear,
         )
 
     def inject(
@@ -134,9 +145,10 @@ class Injector:
     ) -> str:
         """Inject a real fault from outside the training processes; returns what was done.
 
-        ``clear`` (device only): the device reports healthy again, so it returns to the pool
-        when ``autoStowing`` is on. ``peer`` (link only): reset only the link between ``rank``
-        and ``peer``, not all of the rank's links to its peers."""
+        ``clear``: a device reports healthy again, so it returns to the pool when
+        ``autoStowing`` is on; a lost node is back in the pool. ``peer`` (link only): reset
+        only the link between ``rank`` and ``peer``, not all of the rank's links to its
+        peers."""
         if kind in _SIGNALS:
             sig = _SIGNALS[kind]
             targets = self._ranks(rank, pod)
@@ -149,6 +161,8 @@ class Injector:
             return self._link(rank, pod, peer)
         if node is None or node not in self.t.nodes:
             raise ValueError(f"node {node!r} does not exist (nodes: {', '.join(self.t.nodes)})")
+        if kind is InjectKind.NODE and clear:
+            return self.t.return_node(node)
         if kind is InjectKind.NODE:
             killed = self.t.take_node_down(node)
             return f"node {node} down: SIGKILL to {killed} processes"

@@ -62,6 +62,7 @@ class ChaosFault:
     code: str | None = None
     at_step: int | None = None
     after_s: float | None = None
+    clear: bool = False  # node: the lost node is back; device: the device is healthy again
 
     @property
     def in_rank(self) -> bool:
@@ -79,7 +80,7 @@ _RANK_KINDS = (
     InjectKind.MEMORY,
     InjectKind.LINK,
 )
-_FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s"}
+_FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s", "clear"}
 #: Bounds of the numbers of an entry: a step fits the ledger's int64, a device index the
 #: largest node, and a fault is at most a week into the run.
 MAX_STEP = 2**63 - 1
@@ -240,7 +241,14 @@ def _one(
             raise _Bad("", f"kind {kind}: 'node' is required")
         if node not in nodes:
             raise _Bad("node", f"{node!r} does not exist (nodes: {', '.join(nodes)})")
-    if kind is InjectKind.DEVICE and (device is None or code is None):
+    clear = e.get("clear", False)
+    if not isinstance(clear, bool):
+        raise _Bad("clear", f"{clear!r} is not true or false")
+    if clear and kind not in (InjectKind.NODE, InjectKind.DEVICE):
+        raise _Bad("clear", f"kind {kind}: clear is for node and device entries")
+    if kind is InjectKind.DEVICE and clear and code is not None:
+        raise _Bad("", "kind device: give 'code' (a fault) or 'clear: true' (healthy), not both")
+    if kind is InjectKind.DEVICE and (device is None or (code is None and not clear)):
         raise _Bad("", "kind device: 'device' and 'code' are required")
     if kind is InjectKind.SDC and device is None:
         raise _Bad("", "kind sdc: 'device' is required")
@@ -254,4 +262,5 @@ def _one(
         code=code,
         at_step=at_step,
         after_s=None if after is None else float(after),
+        clear=clear,
     )

@@ -30,7 +30,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--peer", type=int, default=None, help="link: only the link to this rank")
     p.add_argument("--device", type=int, default=None)
     p.add_argument("--code", default=None, help="device fault code, e.g. 80E3A201")
-    p.add_argument("--clear", action="store_true", help="device: the device reports healthy again")
+    p.add_argument(
+        "--clear",
+        action="store_true",
+        help="device: the device reports healthy again; node: the lost node is back in the pool",
+    )
     p.add_argument("--run", type=Path, default=None, help="run directory (default: newest)")
 
 
@@ -49,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if kind not in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC) and args.node is not None:
         print(f"unbroken inject: {kind} targets --rank or --pod", file=sys.stderr)
+        return 2
+    if args.clear and kind not in (InjectKind.NODE, InjectKind.DEVICE):
+        print(f"unbroken inject: --clear is for node and device, not {kind}", file=sys.stderr)
         return 2
     if kind is InjectKind.LINK and args.rank is None:
         print("unbroken inject: link needs --rank (and optionally --peer)", file=sys.stderr)

@@ -113,6 +113,7 @@ def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout
         # (29500) would make concurrent runs collide, so those take any free port.
         master_port=_literal_master_port(job),
         total_steps=_total_steps(tuple(first.script_args)),
+        min_pods=job.min_nodes,
     )
 
 

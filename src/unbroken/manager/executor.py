@@ -56,6 +56,7 @@ from unbroken.ledger import (
 )
 from unbroken.manager.console import Console
 from unbroken.manager.detector import IdleDeviceFault, device_fault
+from unbroken.manager.elastic import ElasticState
 from unbroken.manager.incident import Incident
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
 from unbroken.manager.pods import (
@@ -105,6 +106,7 @@ from unbroken.policy import (
     RetryOnline,
     Rung,
     Running,
+    ScaleIn,
     decide,
 )
 from unbroken.policy import Event as PolicyEvent
@@ -241,6 +243,11 @@ class Executor:
         #: are due, and what they are. A newer rung's decision replaces them.
         self.held: tuple[float, tuple[Command, ...]] | None = None
         self._next_placement_at = 0.0
+        #: Elastic training: the pods the job scaled in without, and a change under way.
+        self.elastic = ElasticState(
+            job, job.min_pods if job.min_pods is not None else len(job.pods)
+        )
+        self._scale_out_checked_at = 0.0
 
     # ---- the policy -------------------------------------------------------------------
     def policy(self, event: PolicyEvent, now: float) -> None:
@@ -357,6 +364,7 @@ class Executor:
                 self._reschedule(tuple(pods), g)
             case RescheduleJob(isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
                 self._isolate_all(devs, nodes)
+                self.elastic = self.elastic.abandoned()  # the whole job starts again
                 self._reschedule(tuple(p.name for p in self.job.pods), g)
             case FailJob(reason=reason):
                 self.m.finish(False, reason)
@@ -371,6 +379,8 @@ class Executor:
                 self._dump(now, timeout_s)
             case HotSwitch(pod=pod, node=node, device=device):
                 self._hot_switch(pod, node, device, now)
+            case ScaleIn(pod=pod):
+                self._scale_in(pod, now)
             case BackOff():
                 pass  # held by _run: it holds back the commands after it
             case _:
@@ -510,8 +520,10 @@ class Executor:
                     source=source,
                     step=step,
                     replace=tuple(pr.replace.get(p.pod, ())),
+                    world=self.elastic.world if self.elastic.shrunk else (),
                 ),
             )
+        self.elastic = self.elastic.began(gen)
         what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
         self.console.line(
             f"generation {gen}: healthy processes rejoin in place"
@@ -520,6 +532,103 @@ class Executor:
         )
         if pr.replacement is not None:
             self._start_replacement(pr.replacement, gen, JoinFrom(source=source, step=step))
+
+    # ---- elastic training --------------------------------------------------------------
+    def world_size(self) -> int:
+        """Ranks in the current world (fewer than the job's while it is scaled in)."""
+        return self.elastic.world_size
+
+    def elastic_refusal(self, fault: Fault) -> str | None:
+        """Why the job cannot scale in without the fault's pod (None: it can)."""
+        return self.elastic.refusal((fault.pod,) if fault.pod is not None else ())
+
+    def _scale_in(self, pod: str, now: float) -> None:
+        """``elastic-training``: the lost pod leaves the world; the other pods' ranks stop at
+        a step boundary and rejoin the next generation in their processes at the smaller
+        world size (:meth:`poll_rejoin` sends the new world with the rejoin)."""
+        refusal = self.elastic.refusal((pod,))
+        if refusal is not None:
+            self._queue.append(
+                RecoveryFailed(reason=f"cannot scale in: {refusal}", at=now, generation=self._rung)
+            )
+            return
+        node = self.m.pods[pod].node if pod in self.m.pods else ""
+        before = self.elastic.world_size
+        self._stop((pod,), None)
+        inc = self.m.incident
+        self.elastic = self.elastic.drop(pod, node, now, inc.fault_id if inc else "")
+        self.console.line(
+            f"scaling in: {pod} dropped (no node to place it on); world size {before} -> "
+            f"{self.elastic.world_size} (minimum {self.elastic.min_pods} pod(s)); scales out "
+            "when a node is free again"
+        )
+        lost = frozenset(self.job.ranks_of(pod))
+        pr = self.pending_rejoin
+        if pr is not None and pr.rung == self._rung:  # another pod of the same decision
+            self.pending_rejoin = replace(pr, lost=pr.lost | lost)
+            return
+        self._rejoin(replace={}, now=now, suspect=tuple(sorted(lost)))
+
+    def scale_out(self, now: float) -> None:
+        """Once room is back for every dropped pod and no recovery is under way, place them
+        and scale out at a step boundary: every rank pauses, the world's ranks rejoin the next
+        generation at the full size and the new pods' ranks take a replica's state."""
+        if (
+            not self.elastic.shrunk
+            or now < self._scale_out_checked_at
+            or self.m.finished
+            or not isinstance(self.policy_state, Running)
+            or self.m.incident is not None
+            or self.pending_rejoin is not None
+            or self.pending_dump is not None
+            or self.switch is not None
+            or self.elastic.scaling is not None
+        ):
+            return
+        self._scale_out_checked_at = now + 0.5
+        pods = self.elastic.dropped_pods
+        wanted = [Pod(name=p, devices_needed=self.job.nproc_per_node) for p in pods]
+        result = place(self.cluster, wanted, self.warm_nodes(pods))
+        if isinstance(result, Unschedulable):
+            return
+        self.cluster = self.cluster.bind(result.bindings)
+        before = self.elastic.world_size
+        self.elastic = self.elastic.restore(now)
+        self.console.line(
+            f"scaling out: room for {', '.join(pods)} "
+            f"({', '.join(b.node for b in result.bindings)}); world size {before} -> "
+            f"{self.elastic.world_size} at the next step boundary"
+        )
+        self._rejoin(
+            replace={}, now=now, replacement=Replacement(pod=pods[0], bindings=result.bindings)
+        )
+
+    def generation_committed(self, generation: int, first_commit_at: float, step: int) -> None:
+        """Generation ``generation`` committed its first step (``step``): a change of world
+        size it began is done, recorded with the time training stood still for it."""
+        self.elastic, done = self.elastic.committed(generation)
+        if done is None:
+            return
+        kind = "ScaledIn" if done.kind == "in" else "ScaledOut"
+        took_s = first_commit_at - done.began_at
+        self.ledger.record_raw(
+            kind,
+            {
+                "fault_id": done.fault_id,
+                "pods": list(done.pods),
+                "from_world_size": done.from_size,
+                "world_size": done.to_size,
+                "generation": generation,
+                "step": step,
+                "took_s": took_s,
+            },
+            at=first_commit_at,
+        )
+        self.console.line(
+            f"scaled {done.kind} to world size {done.to_size} (from {done.from_size}): "
+            f"step {step} committed by generation {generation}, {took_s:.2f} s after the "
+            + ("decision" if done.kind == "in" else "room came back")
+        )
 
     # ---- last words (dump) -----------------------------------------------------------
     def _incident_faults(self) -> tuple[Fault, ...]:
@@ -741,6 +850,18 @@ class Executor:
             self._isolate_device(d.node, d.device, "fault")
         for n in nodes:
             self._isolate_node(n, "node lost")
+
+    def return_node(self, node: str) -> str:
+        """A node taken out of the pool is back (``unbroken inject node --clear``): pods may
+        be placed on it again (an elastic job scales out onto it)."""
+        if node not in self.cluster.isolated_nodes:
+            raise ValueError(f"node {node} is not out of the pool; nothing to clear")
+        if any(p.node == node and p.alive and not p.lost for p in self.m.pods.values()):
+            raise ValueError(f"node {node} still runs a pod of the job")
+        self.cluster = self.cluster.return_node(node)
+        self.ledger.record_raw("NodeReturned", {"node": node})
+        self.console.line(f"node {node} back in the pool")
+        return f"node {node} back in the pool"
 
     def _isolate_device(self, node: str, device: int, reason: str) -> None:
         if self.cluster.device_isolated(node, device):

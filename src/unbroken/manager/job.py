@@ -514,9 +514,10 @@ class JobManager:
                     event,
                     where,
                     now,
-                    # A stress test's pause fails the collectives of ranks still in a step
-                    # with a peer that stopped at the boundary: no fault.
-                    recovering=self.incident is not None or self.stress.under_way,
+                    # A pause under way (an elastic scale-out) fails the collectives of ranks
+                    # still in a step with a peer that stopped at the boundary: no fault.
+                    recovering=self.incident is not None
+                    or self.executor.pending_rejoin is not None,
                     generation_began_at=self.generation_began.get(self.generation, 0.0),
                 )
             case RankHung():
@@ -560,6 +561,7 @@ class JobManager:
         self.executor.poll_held(now)
         self.executor.keep_spares(now)
         self.executor.retry_placement(now)
+        self.executor.scale_out(now)
         self._chaos(now)
         if self.outcome is None:
             self.executor.policy(PolicyTick(now=now), now)
@@ -675,20 +677,19 @@ class JobManager:
             fault_age_s=max(0.0, now - fault.at),
             rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,
             pod_schedulable=self.executor.schedulable(fault),
-            elastic_possible=False,
+            elastic_possible=in_process and self.executor.elastic_refusal(fault) is None,
         )
 
     def _phases(self, now: float) -> None:
         gen = self.generation
-        if len(self.ranks) < self.job.world_size:
+        world_size = self.executor.world_size()  # smaller while an elastic job is scaled in
+        if len(self.ranks) < world_size:
             return
-        ph = generation_phases(
-            self.ranks.values(), self.job.world_size, self.generation_began.get(gen, 0.0)
-        )
+        ph = generation_phases(self.ranks.values(), world_size, self.generation_began.get(gen, 0.0))
         if ph.comm_ready_at and self.phases_done.get("comm") != gen:
             self.phases_done["comm"] = gen
             self.ledger.record(
-                CommunicationReady(generation=gen, world_size=self.job.world_size),
+                CommunicationReady(generation=gen, world_size=world_size),
                 at=ph.comm_ready_at,
             )
         if ph.state_loaded_at and self.phases_done.get("state") != gen:
@@ -711,6 +712,7 @@ class JobManager:
                 FirstStepCommitted(generation=gen, step=first), at=ph.first_commit_at
             )
             self.stress.resumed(gen, ph.first_commit_at, first)
+            self.executor.generation_committed(gen, ph.first_commit_at, first)
             rung = self.executor.rung_of(gen)
             if self.incident is not None and self.executor.stale(rung):
                 # A rung given up began this generation; the rung now carried out will
@@ -771,7 +773,7 @@ class JobManager:
             phase = JobPhase.SUCCEEDED if self.outcome.succeeded else JobPhase.FAILED
         elif self.incident is not None:
             phase = JobPhase.RECOVERING
-        elif len(self.ranks) == self.job.world_size:
+        elif len(self.ranks) == self.executor.world_size():
             phase = JobPhase.RUNNING
         else:
             phase = JobPhase.PENDING
@@ -808,9 +810,18 @@ class JobManager:
                 else (
                     f"recovering from {self.incident.fault_id} ({self.incident.strategy})"
                     if self.incident
-                    else ""
+                    else self._scaled_in_message()
                 ),
             )
+        )
+
+    def _scaled_in_message(self) -> str:
+        el = self.executor.elastic
+        if not el.shrunk:
+            return ""
+        return (
+            f"scaled in: world size {el.world_size} of {self.job.world_size} "
+            f"({', '.join(el.dropped_pods)} dropped); scales out when a node is free"
         )
 
     # ---- fault injection (unbroken.chaos.injector) ------------------------------------
@@ -851,6 +862,9 @@ class JobManager:
 
     def store_ports(self) -> tuple[int, ...]:
         return (self.master_port, self.job.master_port or 0)
+
+    def return_node(self, node: str) -> str:
+        return self.executor.return_node(node)
 
     def take_node_down(self, node: str) -> int:
         killed: list[int] = []

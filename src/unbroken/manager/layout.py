@@ -34,6 +34,7 @@ class JobLayout:
     workdir: Path
     master_port: int | None = None  # None: any free port
     total_steps: int | None = None
+    min_pods: int | None = None  # elastic training's minimum (minReplicas); None: every pod
 
     @property
     def world_size(self) -> int:

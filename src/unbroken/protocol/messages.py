@@ -438,13 +438,17 @@ class PauseRanks:
 @dataclass(frozen=True)
 class RejoinRanks:
     """The pod's ranks join ``generation`` in process (its store at ``master_port``), taking
-    their state from rank ``source`` at step ``step``; ranks in ``replace`` get new processes."""
+    their state from rank ``source`` at step ``step``; ranks in ``replace`` get new processes.
+    ``world``: the job's ranks that make up the new world, in order (an elastic job scaled in:
+    rank ``world[i]`` is rank ``i`` of ``len(world)`` in the new process group); empty: every
+    rank of the job, each its own rank."""
 
     generation: int
     master_port: int
     source: int
     step: int
     replace: tuple[int, ...] = ()
+    world: tuple[int, ...] = dataclasses.field(default=(), metadata={"omit_empty": True})
 
 
 @dataclass(frozen=True)
@@ -490,6 +494,8 @@ def encode_order(order: Order) -> JsonObj:
     out: JsonObj = {"op": _OPS[type(order)]}
     for f in dataclasses.fields(order):
         value = getattr(order, f.name)
+        if f.metadata.get("omit_empty") and not value:
+            continue  # the wire of a job that never changes its size stays as it was
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
 
@@ -513,6 +519,7 @@ def decode_order(body: Mapping[str, Any]) -> Order:
                 source=_int(body, "source"),
                 step=_int(body, "step"),
                 replace=_ints(body, "replace"),
+                world=_ints(body, "world") if "world" in body else (),
             )
         case "dump":
             return WriteLastWords(rank=_int(body, "rank"))

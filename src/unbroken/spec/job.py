@@ -73,6 +73,15 @@ class JobSpec:
         return sum(r.replicas for r in self.replica_specs if r.trains)
 
     @property
+    def min_nodes(self) -> int:
+        """The fewest training pods elastic training may scale in to (``minReplicas``)."""
+        return sum(
+            r.min_replicas if r.min_replicas is not None else r.replicas
+            for r in self.replica_specs
+            if r.trains
+        )
+
+    @property
     def nproc_per_node(self) -> int:
         training = [r for r in self.replica_specs if r.trains]
         return training[0].launcher.nproc_per_node if training else 0

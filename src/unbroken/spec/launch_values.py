@@ -53,6 +53,7 @@ def replica_specs(
                 type=raw.type,
                 name=raw.name,
                 replicas=raw.replicas,
+                min_replicas=raw.min_replicas,
                 env=dict(raw.env),
                 ports=tuple(raw.ports),
                 host_network=raw.host_network,

@@ -101,6 +101,7 @@ class RawReplica:
     replicas: int
     line: int
     path: str
+    min_replicas: int | None = None  # minReplicas: the fewest pods an elastic job trains on
     container: str = ""
     env: dict[str, str] = field(default_factory=dict)
     knobs: dict[str, EnvValue] = field(default_factory=dict)
@@ -120,6 +121,7 @@ def read_replica(
     """Read one replica spec (``replicas`` + ``template``) at ``node``."""
     replicas = as_int(replicas_node, problems, 1, MAX_REPLICAS) if replicas_node is not None else 1
     raw = RawReplica(type=type_, name=name, replicas=replicas or 1, line=node.line, path=node.path)
+    raw.min_replicas = _min_replicas(raw, node.get("minReplicas"), problems)
     template = as_map(node.get("template"), problems)
     if template is None:
         problems.error(
@@ -142,6 +144,31 @@ def read_replica(
     if chosen is not None:
         _read_container(chosen, raw, problems)
     return raw
+
+
+def _min_replicas(raw: RawReplica, node: Node | None, problems: Problems) -> int | None:
+    """``minReplicas``: elastic training scales this replica type in down to so many pods
+    (torch elastic's ``--nnodes=MIN:MAX``); absent: never below ``replicas``."""
+    value = as_int(node, problems, 0, MAX_REPLICAS)
+    if node is None or value is None:
+        return None
+    if value > raw.replicas:
+        problems.error(
+            node.line,
+            node.path,
+            f"minReplicas {value} is more than replicas {raw.replicas}: an elastic job scales "
+            "in from replicas down to minReplicas",
+        )
+        return None
+    if raw.type is ReplicaType.MASTER and value != raw.replicas:
+        problems.error(
+            node.line,
+            node.path,
+            f"minReplicas {value} is below replicas {raw.replicas}, but the Master pod holds "
+            "rank 0 and never scales in; give minReplicas to the Worker replicas",
+        )
+        return None
+    return value
 
 
 def _training_container(items: tuple[Node, ...], problems: Problems) -> Map | None:
@@ -312,6 +339,7 @@ class ReplicaSpec:
     replicas: int
     env: dict[str, str] = field(default_factory=dict)
     ports: tuple[Port, ...] = ()
+    min_replicas: int | None = None  # minReplicas (elastic training); None: replicas
     host_network: bool = False
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()

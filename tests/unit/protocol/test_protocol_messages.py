@@ -145,6 +145,7 @@ ORDERS: list[Order] = [
     EndRanks(ranks=(2, 3)),
     PauseRanks(),
     RejoinRanks(generation=5, master_port=29502, source=0, step=40, replace=(2,)),
+    RejoinRanks(generation=6, master_port=29503, source=0, step=41, world=(0, 1)),
     WriteLastWords(rank=1),
     StressRanks(round=2, master_port=29503),
     StopPod(grace_s=5.0, success=True),
