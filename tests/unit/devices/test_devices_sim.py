@@ -133,3 +133,23 @@ def test_the_file_format_is_readable_json(tmp_path: Path) -> None:
         "devices": 2,
         "faults": {"1": {"code": "80E01801", "detail": "d", "at": 3.0}},
     }
+
+
+def test_a_silent_fault_leaves_the_health_good_and_only_the_device_knows(tmp_path: Path) -> None:
+    from unbroken.devices import inject_silent_fault, silent_fault
+
+    provider = SimProvider(tmp_path, {"node-1": 2})
+    inject_silent_fault(tmp_path, "node-1", 1, "SDC", at=5.0)
+    assert all(h.healthy for h in provider.poll())
+    fault = silent_fault(tmp_path, "node-1", 1)
+    assert fault is not None and (fault.code, fault.at) == ("SDC", 5.0)
+    assert silent_fault(tmp_path, "node-1", 0) is None
+    assert silent_fault(tmp_path, "node-9", 0) is None  # not a simulated node
+    # A visible fault on the same node keeps the silent one; clearing the device ends both.
+    inject_device_fault(tmp_path, "node-1", 0, "80E01801")
+    assert silent_fault(tmp_path, "node-1", 1) is not None
+    assert clear_device_fault(tmp_path, "node-1", 1) is True
+    assert silent_fault(tmp_path, "node-1", 1) is None
+    assert "silent" not in json.loads((tmp_path / "node-1.json").read_text())
+    with pytest.raises(ValueError, match="there is no device 2"):
+        inject_silent_fault(tmp_path, "node-1", 2, "SDC")
