@@ -159,6 +159,8 @@ class Injector:
             )
         if kind is InjectKind.LINK:
             return self._link(rank, pod, peer)
+        if kind is InjectKind.STRESS_TEST:
+            raise ValueError("a stress test is no fault: ask for it with unbroken stress-test")
         if node is None or node not in self.t.nodes:
             raise ValueError(f"node {node!r} does not exist (nodes: {', '.join(self.t.nodes)})")
         if kind is InjectKind.NODE and clear:

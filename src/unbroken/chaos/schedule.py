@@ -9,7 +9,13 @@ faults:
   - {kind: link, rank: 1, at_step: 30}          # the kernel resets rank 1's links to its peers
   - {kind: node, node: node-1, at_step: 60}     # every process of node-1 dies at once
   - {kind: device, node: node-0, device: 1, code: "80E01801", after_s: 5}
+  - {kind: sdc, node: node-1, device: 1, at_step: 80}  # device 1 of node-1 computes wrong
+  - {kind: stress-test, at_step: 80}            # an online stress test, as unbroken stress-test
 ```
+
+``sdc`` (silent data corruption) leaves the device's health good: only an online stress test
+finds it. ``stress-test`` is no fault: it asks for an online stress test at that point, as
+``unbroken stress-test`` does (refused, with the reason on the console, when one cannot run).
 
 Rank faults keyed by step fire inside the rank itself, exactly at that step (keyed by
 ``(rank, step)``, each fault at most once per run even when the step is replayed; entries for
@@ -45,6 +51,7 @@ class InjectKind(StrEnum):
     NODE = "node"  # SIGKILL every process of a node (agents and ranks)
     DEVICE = "device"  # a device health code through the sim provider
     SDC = "sdc"  # silent data corruption: a sim device computes wrong, its health stays good
+    STRESS_TEST = "stress-test"  # no fault: an online stress test (unbroken stress-test)
 
 
 class ChaosError(ValueError):
@@ -252,6 +259,8 @@ def _one(
         raise _Bad("", "kind device: 'device' and 'code' are required")
     if kind is InjectKind.SDC and device is None:
         raise _Bad("", "kind sdc: 'device' is required")
+    if kind is InjectKind.STRESS_TEST and (rank, pod, node, device) != (None, None, None, None):
+        raise _Bad("", "kind stress-test: tests every rank, give no rank, pod, node or device")
     return ChaosFault(
         index=i,
         kind=kind,

@@ -22,7 +22,8 @@ from unbroken.rpc import ControlClient, RpcError
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("inject", help="inject a fault into a running job")
-    p.add_argument("kind", choices=[k.value for k in InjectKind])
+    kinds = [k.value for k in InjectKind if k is not InjectKind.STRESS_TEST]  # not a fault
+    p.add_argument("kind", choices=kinds)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--rank", type=int)
     target.add_argument("--pod")

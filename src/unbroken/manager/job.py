@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unbroken.chaos import ChaosFault
+from unbroken.chaos import ChaosFault, InjectKind
 from unbroken.chaos.injector import Injector, RankTarget, due
 from unbroken.devices import (
     DeviceWatcher,
@@ -830,6 +830,9 @@ class JobManager:
             self.fired_chaos.add(c.index)
             at = self.clock()
             try:
+                if c.kind is InjectKind.STRESS_TEST:  # no fault: the tester says what it does
+                    self.stress.request(at)
+                    continue
                 detail = self.injector.fire(c)
                 self._record_injected(at, str(c.kind), detail)
                 self.console.line(f"chaos: {detail}")

@@ -23,6 +23,8 @@ def test_a_schedule_of_every_kind() -> None:
                 {"kind": "node", "node": "node-1", "at_step": 60},
                 {"kind": "device", "node": "node-0", "device": 1, "code": "80E3A201", "after_s": 5},
                 {"kind": "exception", "rank": 0, "at_step": 7},
+                {"kind": "sdc", "node": "node-1", "device": 1, "at_step": 9},
+                {"kind": "stress-test", "at_step": 9},
             ]
         },
         "c.yaml",
@@ -36,7 +38,10 @@ def test_a_schedule_of_every_kind() -> None:
         InjectKind.NODE,
         InjectKind.DEVICE,
         InjectKind.EXCEPTION,
+        InjectKind.SDC,
+        InjectKind.STRESS_TEST,
     ]
+    assert not faults[5].in_rank and not faults[6].in_rank
     assert faults[0].in_rank and not faults[1].in_rank and not faults[2].in_rank
 
 
@@ -60,6 +65,8 @@ def test_a_schedule_of_every_kind() -> None:
         ({"kind": "hang", "rank": True, "after_s": 1}, "rank: True is not an integer"),
         ({"kind": "hang", "pod": 5, "after_s": 1}, "pod: 5 is not a name"),
         ({"kind": "kill", "rank": 0, "at_step": 1, "when": 3}, "unknown field(s) ['when']"),
+        ({"kind": "sdc", "node": "node-1", "after_s": 1}, "kind sdc: 'device' is required"),
+        ({"kind": "stress-test", "rank": 1, "at_step": 3}, "give no rank, pod, node or device"),
     ],
 )
 def test_each_problem_names_the_entry(entry: dict[str, object], message: str) -> None:
