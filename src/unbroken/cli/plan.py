@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from unbroken.operator import Plan, PodPlan, plan
-from unbroken.spec import SpecError, load_cluster, load_job
+from unbroken.spec import JobSpec, SpecError, load_cluster, load_job
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,6 +95,8 @@ def render(result: Plan) -> str:
             )
         elif rung == "recover":
             detail = f"waits {fh.wait_reschedule_s:g} s for the replacement pod"
+        elif rung == "elastic-training":
+            detail = _elastic_detail(result.job)
         elif rung == "job-rescheduling":
             detail = f"fault-scheduling {fh.fault_scheduling.value}"
             if fh.fault_scheduling.value == "grace":
@@ -138,3 +140,16 @@ def render(result: Plan) -> str:
     else:
         out.append("warnings: none")
     return "\n".join(out)
+
+
+def _elastic_detail(job: JobSpec) -> str:
+    """What the elastic rung can do for ``job``: down to which size, for which faults."""
+    nproc = job.nproc_per_node
+    if job.min_nodes >= job.nodes:
+        return "drops no pod: no Worker replica sets minReplicas below replicas"
+    return (
+        f"a lost pod with no node to go to is dropped, down to {job.min_nodes} of {job.nodes} "
+        f"pods (world size {job.min_nodes * nproc}-{job.world_size}), never the rank-0 pod; "
+        "the others regroup in their processes; scales out when a node is free; the same "
+        "model at every size with virtual ranks (unbroken.worker.init(virtual_ranks=...))"
+    )

@@ -157,6 +157,7 @@ def _read_job(root: Node, source: Path, problems: Problems) -> JobSpec:
         problems,
     )
     _reserved_ports(raws, fault_handling, problems)
+    _elastic_warnings(raws, fault_handling, annotations.get("recover-strategy"), problems)
     problems.raise_if_any()
     lines = {item.field: item.line for item in (*labels.values(), *annotations.values())}
     return JobSpec(
@@ -191,6 +192,34 @@ def reserved_ports(fault_handling: FaultHandling) -> tuple[Port, ...]:
     if Strategy.DUMP in fault_handling.strategies:
         ports.append(Port(LAST_WORDS_PORT, LAST_WORDS_PORT_NAME))
     return tuple(ports)
+
+
+def _elastic_warnings(
+    raws: list[RawReplica],
+    fault_handling: FaultHandling,
+    strategy: Located | None,
+    problems: Problems,
+) -> None:
+    """What elastic training can do for this job: ``minReplicas`` means nothing without it,
+    and with it a job whose pods may not be dropped never scales in."""
+    elastic = Strategy.ELASTIC_TRAINING in fault_handling.strategies
+    training = [r for r in raws if r.type is not ReplicaType.SCHEDULER]
+    for raw in training:
+        if raw.min_replicas is not None and not elastic:
+            problems.warn(
+                raw.line,
+                f"{raw.path}.minReplicas",
+                "has no effect without elastic-training in recover-strategy",
+            )
+    droppable = any(r.min_replicas is not None and r.min_replicas < r.replicas for r in training)
+    if elastic and not droppable and strategy is not None:
+        problems.warn(
+            strategy.line,
+            strategy.field,
+            "elastic-training can drop no pod: no Worker replica sets minReplicas below its "
+            "replicas (the Master pod holds rank 0 and is never dropped), so a lost pod goes to "
+            "the next rung",
+        )
 
 
 def _reserved_ports(
