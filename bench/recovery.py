@@ -31,6 +31,12 @@ unbroken-hotswitch ``bench/jobs/hot-switch.yaml`` (grace, subHealthyStrategy hot
                    backup pod is placed on the spare node, then the pod is switched at a step
                    boundary; the ledger's ``PodHotSwitched.switch_s`` (how long training stood
                    still) is reported beside the MTTR, which includes the poll's delay
+unbroken-stress    ``bench/jobs/recover.yaml`` with a different fault: after step K rank 3's
+                   device computes wrong while its health stays good (chaos ``sdc``) and an
+                   online stress test is asked for (chaos ``stress-test``); the test finds the
+                   device, ``recover`` moves the pod to the spare node; the ledger's
+                   ``StressTestFinished.paused_s`` (how long training stood still, test and
+                   recovery together) is reported beside the MTTR
 torchrun           two ``torchrun --max-restarts 3 --monitor-interval 1`` agents joined by a
                    c10d rendezvous on 127.0.0.1, torch's defaults
 torchrun-nss       the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the workaround for

@@ -50,6 +50,13 @@ CONFIGS: tuple[Config, ...] = (
         fault="subhealth",
         cluster="cluster-fast-watch.yaml",
     ),
+    Config(
+        "unbroken-stress",
+        "Unbroken stress test (SDC device)",
+        "unbroken",
+        "recover.yaml",
+        fault="sdc",
+    ),
     Config("torchrun", "torchrun (defaults)", "torchrun"),
     Config(
         "torchrun-nss",

@@ -207,6 +207,19 @@ def table(results: Sequence[RunResult], s: Settings) -> str:
             "  hot switch, training stood still (PodHotSwitched.switch_s: the pause at a step "
             f"boundary -> the first step committed after it): {stood} s"
         )
+    if any(c.fault == "sdc" for c in faulted):
+        out.append(
+            f"  (Unbroken stress test: not a SIGKILL; right after step {s.kill_step} rank "
+            f"{VICTIM}'s device starts computing wrong, its health unchanged, and an online "
+            "stress test is asked for; training goes on to the next step boundary, so MTTR "
+            "counts from the fault's step, not from the pause)"
+        )
+        tests = [r for r in results if r.faulted and r.ledger.get("paused_s") is not None]
+        stood = spread(r.ledger["paused_s"] for r in tests)
+        out.append(
+            "  stress test, training stood still (StressTestFinished.paused_s: the request -> "
+            f"the first step committed after the test and the recovery it caused): {stood} s"
+        )
 
     out.append("")
     out.append(
@@ -281,6 +294,8 @@ def run_line(r: RunResult) -> str:
             parts.append(f"{r.ledger['incidents']} incident(s), {r.ledger.get('strategy')}")
         if r.ledger.get("switch_s") is not None:
             parts.append(f"switch {r.ledger['switch_s']:.2f} s (training stood still)")
+        if r.ledger.get("paused_s") is not None:
+            parts.append(f"stress test paused {r.ledger['paused_s']:.2f} s")
     if r.step_ms is not None:
         parts.append(f"step {r.step_ms:.1f} ms")
     if r.equal is not None:

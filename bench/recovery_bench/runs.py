@@ -83,10 +83,14 @@ def launch_unbroken(
     if faulted:
         chaos = run_dir / "chaos.yaml"
         fault: dict[str, Any] = {"kind": config.fault, "rank": VICTIM, "at_step": s.kill_step}
+        faults = [fault]
         if config.fault == "subhealth":  # rank 3's device: device 1 of node-1
             fault = {"kind": "device", "node": "node-1", "device": 1, "code": SUB_HEALTH_CODE}
-            fault["at_step"] = s.kill_step
-        chaos.write_text(yaml.safe_dump({"faults": [fault]}))
+            faults = [{**fault, "at_step": s.kill_step}]
+        if config.fault == "sdc":  # rank 3's device computes wrong; a stress test finds it
+            sdc = {"kind": "sdc", "node": "node-1", "device": 1, "at_step": s.kill_step}
+            faults = [sdc, {"kind": "stress-test", "at_step": s.kill_step}]
+        chaos.write_text(yaml.safe_dump({"faults": faults}))
         cmd += ["--chaos", str(chaos)]
     if config.cluster is not None:
         cmd += ["--cluster", str(JOBS / config.cluster)]
@@ -140,6 +144,7 @@ def _ledger_figures(run_dir: Path) -> dict[str, Any]:
         PodHotSwitched,
         PodPlaced,
         ProcessesStarted,
+        StressTestFinished,
         incidents,
     )
 
@@ -190,6 +195,10 @@ def _ledger_figures(run_dir: Path) -> dict[str, Any]:
     if switched:
         out["switch_s"] = switched[0].data["switch_s"]
         out["prepare_s"] = switched[0].data["prepare_s"]
+    stressed = [r for r in records if r.kind == StressTestFinished.kind]
+    if stressed:
+        out["paused_s"] = stressed[0].data["paused_s"]
+        out["stress_test_s"] = stressed[0].data["test_s"]
     if found:
         inc = found[0]
         out.update(
