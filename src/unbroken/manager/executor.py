@@ -248,6 +248,10 @@ class Executor:
             job, job.min_pods if job.min_pods is not None else len(job.pods)
         )
         self._scale_out_checked_at = 0.0
+        #: Pods of a scale-in that first wait for room to be placed again: until when, and
+        #: the rung that waits.
+        self.pending_room: tuple[tuple[str, ...], float, int | None] | None = None
+        self._drop_nodes: dict[str, str] = {}
 
     # ---- the policy -------------------------------------------------------------------
     def policy(self, event: PolicyEvent, now: float) -> None:
@@ -379,8 +383,8 @@ class Executor:
                 self._dump(now, timeout_s)
             case HotSwitch(pod=pod, node=node, device=device):
                 self._hot_switch(pod, node, device, now)
-            case ScaleIn(pod=pod):
-                self._scale_in(pod, now)
+            case ScaleIn(pod=pod, wait_s=wait_s):
+                self._scale_in(pod, now, wait_s)
             case BackOff():
                 pass  # held by _run: it holds back the commands after it
             case _:
@@ -542,10 +546,11 @@ class Executor:
         """Why the job cannot scale in without the fault's pod (None: it can)."""
         return self.elastic.refusal((fault.pod,) if fault.pod is not None else ())
 
-    def _scale_in(self, pod: str, now: float) -> None:
+    def _scale_in(self, pod: str, now: float, wait_s: float = 0.0) -> None:
         """``elastic-training``: the lost pod leaves the world; the other pods' ranks stop at
         a step boundary and rejoin the next generation in their processes at the smaller
-        world size (:meth:`poll_rejoin` sends the new world with the rejoin)."""
+        world size (:meth:`poll_rejoin` sends the new world with the rejoin). With
+        ``wait_s``, the pod first pends that long for room (:meth:`poll_room`)."""
         refusal = self.elastic.refusal((pod,))
         if refusal is not None:
             self._queue.append(
@@ -553,6 +558,55 @@ class Executor:
             )
             return
         node = self.m.pods[pod].node if pod in self.m.pods else ""
+        if wait_s > 0:
+            self._stop((pod,), None)
+            pending = self.pending_room
+            pods = (*pending[0], pod) if pending is not None else (pod,)
+            self.pending_room = (pods, now + wait_s, self._rung)
+            self._drop_nodes[pod] = node
+            self.console.line(
+                f"no room to place {pod}: it pends up to {wait_s:.0f} s "
+                "(wait-reschedule-timeout) for a node before the job scales in without it"
+            )
+            return
+        self._drop(pod, node, now)
+
+    def poll_room(self, now: float) -> None:
+        """Pods pending before a scale-in: placed and recovered when room came, dropped
+        when their wait is over."""
+        if self.pending_room is None:
+            return
+        pods, until, rung = self.pending_room
+        if self.stale(rung):
+            self.pending_room = None
+            return
+        wanted = [Pod(name=p, devices_needed=self.job.nproc_per_node) for p in pods]
+        result = place(self.cluster, wanted, self.warm_nodes(pods))
+        if not isinstance(result, Unschedulable):
+            self.pending_room = None
+            self.cluster = self.cluster.bind(result.bindings)
+            self.console.line(
+                f"room for {', '.join(pods)} within wait-reschedule-timeout: recovered on "
+                f"{', '.join(b.node for b in result.bindings)} instead of scaling in"
+            )
+            lost = tuple(sorted(r for p in pods for r in self.job.ranks_of(p)))
+            self._rejoin(
+                replace={},
+                now=now,
+                suspect=lost,
+                replacement=Replacement(pod=pods[0], bindings=result.bindings),
+            )
+            return
+        if now < until:
+            return
+        self.pending_room = None
+        self.console.line(
+            f"no room for {', '.join(pods)} within wait-reschedule-timeout: scaling in"
+        )
+        for pod in pods:
+            self._drop(pod, self._drop_nodes.pop(pod, ""), now)
+
+    def _drop(self, pod: str, node: str, now: float) -> None:
         before = self.elastic.world_size
         self._stop((pod,), None)
         inc = self.m.incident

@@ -561,6 +561,7 @@ class JobManager:
         self.executor.poll_held(now)
         self.executor.keep_spares(now)
         self.executor.retry_placement(now)
+        self.executor.poll_room(now)
         self.executor.scale_out(now)
         self._chaos(now)
         if self.outcome is None:

@@ -98,10 +98,13 @@ class RecoverOnSpare:
 
 @dataclass(frozen=True)
 class ScaleIn:
-    """``elastic-training``: continue without ``pod``'s data-parallel replica."""
+    """``elastic-training``: continue without ``pod``'s data-parallel replica; first wait up
+    to ``wait_s`` for room to place it again (``recover`` was skipped for want of room), and
+    recover it if room comes."""
 
     pod: str
     ranks: tuple[int, ...]
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

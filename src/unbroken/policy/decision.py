@@ -64,8 +64,11 @@ Process level, only when ``recover-strategy`` is present, ``process-recover-enab
   name their pods. ``RecoverOnSpare(pod, ...)`` per pod; deadline ``wait_reschedule_s``, then
   ``REPAIR_TIMEOUT_S`` from ``ReplacementReady``.
 - L4  ``elastic-training``: ``elastic_possible``, a replica exists, faults name their pods.
-  Isolation commands, then ``ScaleIn(pod, ranks)`` per pod; deadline ``decision_wait_s`` (the
-  time the paused healthy ranks wait for the new membership: ``MINDIO_WAIT_MINDX_TIME``).
+  Isolation commands, then ``ScaleIn(pod, ranks, wait_s)`` per pod; deadline
+  ``decision_wait_s`` (the time the paused healthy ranks wait for the new membership:
+  ``MINDIO_WAIT_MINDX_TIME``) plus ``wait_s``. ``wait_s`` is ``wait_reschedule_s`` when
+  ``recover`` is configured but was not tried in the incident (no room to place the pod):
+  the pod pends that long for room before the job scales in; else 0.
 
 Exit path (``exit`` is always implied). ``DumpLastWords`` comes first when ``dump`` is
 configured, the process level is on, a replica exists, the ranks are outside the update, no
@@ -171,7 +174,7 @@ from unbroken.policy.events import (
     Tick,
 )
 from unbroken.policy.states import Budgets, Failed, JobState, Recovering, Rung, Running, Succeeded
-from unbroken.spec.knobs import FaultHandling, FaultScheduling, SubHealthyStrategy
+from unbroken.spec.knobs import FaultHandling, FaultScheduling, Strategy, SubHealthyStrategy
 
 
 @dataclass(frozen=True)
@@ -461,6 +464,9 @@ def _start(
         commands += [*_isolation_commands(faults), FailJob(reason)]
         failed = Failed(incident.generation, incident.budgets, reason, now)
         return Decision(failed, tuple(commands), reason)
+    recover_untried = Strategy.RECOVER in config.strategies and (
+        below is None or below.order < Rung.RECOVER.order
+    )
     return _begin_rung(
         incident,
         plan.rungs[0],
@@ -472,6 +478,7 @@ def _start(
         grace_s=_grace_s(config),
         note=prefix,
         skipped=skipped,
+        room_wait_s=config.wait_reschedule_s if recover_untried else 0.0,
     )
 
 
@@ -487,6 +494,7 @@ def _begin_rung(
     grace_s: float | None,
     note: str,
     skipped: str = "",
+    room_wait_s: float = 0.0,
 ) -> Decision:
     faults = incident.faults
     pods = tuple(sorted({f.pod for f in faults if f.pod is not None}))
@@ -508,8 +516,8 @@ def _begin_rung(
             timeout_s = config.wait_reschedule_s
         case Rung.ELASTIC_TRAINING:
             commands += _isolation_commands(faults)
-            commands += [ScaleIn(pod, _ranks(faults, pod)) for pod in pods]
-            timeout_s = config.decision_wait_s
+            commands += [ScaleIn(pod, _ranks(faults, pod), room_wait_s) for pod in pods]
+            timeout_s = config.decision_wait_s + room_wait_s
         case Rung.PROCESS_RESTART:
             commands += [RestartProcesses(pod, _ranks(faults, pod)) for pod in pods]
             budgets = budgets.with_restarts(pods)

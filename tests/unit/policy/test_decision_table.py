@@ -545,11 +545,13 @@ ROWS = {
     "L3-nowhere": Row(
         Running(),
         fault(crash(), spare_node_free=False, pod_schedulable=False),
-        proc(Strategy.RECOVER, Strategy.ELASTIC_TRAINING),
-        (ScaleIn("worker-1", (3,)),),
+        proc(Strategy.RECOVER, Strategy.ELASTIC_TRAINING, decision_wait_s=60.0),
+        (ScaleIn("worker-1", (3,), 270.0),),
         "elastic-training (worker-1) (skipped: recover: no spare node free and the pod is not "
         "schedulable; pod-rescheduling: the pod cannot be placed now)",
         Recovering,
+        # The pod pends wait_reschedule_s for room, then the paused ranks get their world.
+        rung_is(Rung.ELASTIC_TRAINING, NOW + 270.0 + 60.0),
     ),
     "L4": Row(
         Running(),
