@@ -10,7 +10,15 @@ import time
 from pathlib import Path
 
 from unbroken.cli.rundir import RunDirError, find_run, is_live
-from unbroken.ledger import Ledger, LedgerError, goodput, goodput_line
+from unbroken.ledger import (
+    Ledger,
+    LedgerError,
+    Record,
+    StressTested,
+    StressTestFinished,
+    goodput,
+    goodput_line,
+)
 from unbroken.ledger.store import encode_status
 
 
@@ -42,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         data = encode_status(st)
         data["control_plane"] = "running" if live else "stopped"
         data["goodput"] = gp.to_json()
+        data["stress_tests"] = [r.data for r in records if r.kind == StressTestFinished.kind]
         print(json.dumps(data, indent=2))
         return 0
     total = f"/{st.total_steps}" if st.total_steps else ""
@@ -55,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"step:        {st.step}{total}   generation {st.generation}")
     print(f"faults:      {st.faults}   recoveries {st.recoveries}")
     print(f"goodput:     {goodput_line(gp)}")
+    stress = _stress_line(records)
+    if stress:
+        print(f"stress:      {stress}")
     print(f"updated:     {age:.1f} s ago")
     for pod in st.pods:
         ranks = ", ".join(f"{r}:{p}" for r, p in zip(pod.ranks, pod.pids, strict=True))
@@ -63,3 +75,23 @@ def run(args: argparse.Namespace) -> int:
             f"ranks(pid) {ranks or '-'}"
         )
     return 0
+
+
+def _stress_line(records: list[Record]) -> str:
+    """The online stress tests of the run: how many, how long training stood still for them,
+    and the last one's code."""
+    done = [r.data for r in records if r.kind == StressTestFinished.kind]
+    tested = [r.data for r in records if r.kind == StressTested.kind]
+    if not tested:
+        return ""
+    paused = sum(float(d["paused_s"]) for d in done)
+    last = tested[-1]
+    line = (
+        f"{len(tested)} test(s), training paused {paused:.2f} s; last: test {last['round']} "
+        f"at step {last['step']}, code {last['code']}"
+    )
+    if last["faulty"]:
+        line += f", fault found on rank(s) {', '.join(map(str, last['faulty']))}"
+    if len(done) < len(tested):
+        line += " (training not resumed yet)"
+    return line

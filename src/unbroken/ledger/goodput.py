@@ -15,6 +15,9 @@ rescheduling_wait    the part of an incident's placement after a pod was found u
 unfinished           an incident's time after its last recorded phase, while it is still open
                      or when the job gave up
 checkpoint_save      periodic checkpoints outside incidents, when recorded (``CheckpointSaved``)
+stress_test          online stress tests (``StressTestFinished``): the ranks stopping and the
+                     test; then the rejoin when it found nothing, while a fault it found is an
+                     incident of its own from the verdict on
 recomputed_steps     steps trained again after a recovery (the incident's recomputed steps
                      times the median step time): training time that did not advance the model
 ===================  =====================================================================
@@ -37,6 +40,7 @@ from unbroken.ledger.events import (
     JobSubmitted,
     JobSucceeded,
     StepProgress,
+    StressTestFinished,
 )
 from unbroken.ledger.store import Record
 from unbroken.ledger.timeline import Incident, IncidentOutcome, incidents
@@ -45,6 +49,7 @@ from unbroken.ledger.timeline import Incident, IncidentOutcome, incidents
 CAUSES: tuple[str, ...] = (
     "startup",
     "checkpoint_save",
+    "stress_test",
     "detection",
     "decision",
     "last_words",
@@ -63,6 +68,7 @@ CAUSES: tuple[str, ...] = (
 CAUSE_LABELS: dict[str, str] = {
     "startup": "startup",
     "checkpoint_save": "checkpoint saves",
+    "stress_test": "stress tests",
     "detection": "detection",
     "decision": "decision",
     "last_words": "last words",
@@ -158,6 +164,15 @@ def goodput(records: Iterable[Record], now: float | None = None) -> Goodput:
             took = _number(r.data.get("duration_s"))
             if took is not None and took > 0:
                 spans.append((r.at - took, r.at, "checkpoint_save"))
+        if r.kind == StressTestFinished.kind:
+            paused = _number(r.data.get("paused_s")) or 0.0
+            took = paused
+            if r.data.get("recovered"):  # from the verdict on, the incident's phases
+                took = (_number(r.data.get("stop_s")) or 0.0) + (
+                    _number(r.data.get("test_s")) or 0.0
+                )
+            if took > 0:
+                spans.append((r.at - paused, r.at - paused + took, "stress_test"))
 
     badput = dict.fromkeys(CAUSES, 0.0)
     cursor = start

@@ -20,6 +20,8 @@ from unbroken.ledger import (
     RecoveryCompleted,
     StateLoaded,
     StateSource,
+    StressTested,
+    StressTestFinished,
 )
 
 pytestmark = pytest.mark.unit
@@ -77,3 +79,28 @@ def test_incidents_end_with_a_goodput_block(run: Path, capsys: pytest.CaptureFix
     (inc,) = data["incidents"]
     assert inc["fault_id"] == "f1" and inc["mttr_s"] == pytest.approx(10.0)
     assert data["goodput"]["productive_s"] == pytest.approx(80.0)
+
+
+def test_status_counts_the_pauses_of_stress_tests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        ledger.record(JobSubmitted(job="j", pods=("w-0",), world_size=2), at=100.0)
+        ledger.record(FirstStepCommitted(generation=0, step=1), at=110.0)
+        ledger.record(StressTested(1, 20, 0, (), (), 1.0, (), stop_s=0.5, test_s=0.5), at=131.0)
+        ledger.record(StressTestFinished(1, 1, 21, 0, 2.0, 0.5, 0.5, 1.0), at=132.0)
+        ledger.record(JobSucceeded(step=80), at=200.0)
+        ledger.set_status(JobStatus("j", JobPhase.SUCCEEDED, 1, 80, 80, (), 100.0, 200.0))
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "stress:      1 test(s), training paused 2.00 s; last: test 1 at step 20, code 0\n" in out
+    )
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("goodput:")]
+    assert line == (
+        "goodput:     ETTR 88.0%  (88.0 s productive of 100.0 s; lost to startup 10.0 s, "
+        "stress tests 2.0 s)"
+    )
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [t["paused_s"] for t in data["stress_tests"]] == [2.0]
