@@ -514,10 +514,12 @@ class JobManager:
                     event,
                     where,
                     now,
-                    # A pause under way (an elastic scale-out) fails the collectives of ranks
-                    # still in a step with a peer that stopped at the boundary: no fault.
+                    # A pause under way (an elastic scale-out, a stress test) fails the
+                    # collectives of ranks still in a step with a peer that stopped at the
+                    # boundary: no fault.
                     recovering=self.incident is not None
-                    or self.executor.pending_rejoin is not None,
+                    or self.executor.pending_rejoin is not None
+                    or self.stress.under_way,
                     generation_began_at=self.generation_began.get(self.generation, 0.0),
                 )
             case RankHung():
