@@ -453,6 +453,8 @@ class ManagerStressHost:
             return "the ranks are being regrouped"
         if ex.unplaced:
             return "pods wait to be placed"
+        if ex.elastic.shrunk or ex.elastic.scaling is not None:
+            return "the job is scaled in (elastic training): not every pod runs"
         return ""
 
     def ranks_seen(self) -> Mapping[int, RankSeen]:
