@@ -30,7 +30,7 @@ def test_lost_node_scales_in_and_its_return_scales_out_to_the_fault_free_model(
     res = run_job(run_dir, "--cluster", NO_SPARE, "--chaos", chaos, job=ELASTIC)
     assert res.rc == 0, res.explain()
     assert "job e2e-elastic: SUCCEEDED" in res.stdout, res.explain()
-    assert "step 40/40; 1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    assert "step 60/60; 1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
     assert digest(run_dir) == digest(reference), "the elastic run's model differs"
 
     evs = events(run_dir)
@@ -40,7 +40,7 @@ def test_lost_node_scales_in_and_its_return_scales_out_to_the_fault_free_model(
     assert decision["strategy"] == "elastic-training", decision
     assert decision["commands"] == [
         "IsolateNode(node='node-1')",
-        f"ScaleIn(pod='{WORKER}', ranks=(2, 3))",
+        f"ScaleIn(pod='{WORKER}', ranks=(2, 3), wait_s=0.0)",
     ], decision
 
     (scaled_in,) = of_kind(evs, "ScaledIn")
@@ -66,4 +66,4 @@ def test_lost_node_scales_in_and_its_return_scales_out_to_the_fault_free_model(
     assert all(final[r] != old[r] for r in (2, 3)), (old, final)
     assert sorted(r for e in of_kind(after, "ProcessesStarted") for r in e["ranks"]) == [2, 3]
     st = status(run_dir)
-    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 40, st
+    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 60, st

@@ -645,6 +645,18 @@ class Executor:
         result = place(self.cluster, wanted, self.warm_nodes(pods))
         if isinstance(result, Unschedulable):
             return
+        cold = [
+            b.node
+            for b in result.bindings
+            if self.use_spares and (b.node not in self.spares or not self.spares[b.node].alive)
+        ]
+        if cold:
+            # Training goes on while a spare agent (forked from the node image, torch already
+            # imported) starts there: the ranks then pause only for the newcomers to join.
+            for node in cold:
+                self._start_spare(node)
+            self._scale_out_checked_at = now + 1.0
+            return
         self.cluster = self.cluster.bind(result.bindings)
         before = self.elastic.world_size
         self.elastic = self.elastic.restore(now)
@@ -681,7 +693,7 @@ class Executor:
         self.console.line(
             f"scaled {done.kind} to world size {done.to_size} (from {done.from_size}): "
             f"step {step} committed by generation {generation}, {took_s:.2f} s after the "
-            + ("decision" if done.kind == "in" else "room came back")
+            + ("decision" if done.kind == "in" else "new pod was placed")
         )
 
     # ---- last words (dump) -----------------------------------------------------------
