@@ -191,15 +191,21 @@ class ManagedAgent:
     def _mailbox_path(self, local_rank: int, generation: int) -> Path:
         return self.pod_dir / "mb" / f"rank{self.args.global_rank(local_rank)}-g{generation}"
 
-    def _start_rank(self, local: int, generation: int, join: bool) -> RankProcess:
+    def _start_rank(
+        self, local: int, generation: int, join: bool, world: tuple[int, ...] = ()
+    ) -> RankProcess:
         """Start one rank; ``join``: it replaces a lost rank and takes its state from a
-        replica of the running generation instead of a checkpoint."""
+        replica of the running generation instead of a checkpoint; ``world``: the job's ranks
+        of a scaled-in world, in order (empty: all of them), which numbers it."""
         rank = self.args.global_rank(local)
         hb = self._heartbeat_path(local, generation)
         mb = self._mailbox_path(local, generation)
         hb.parent.mkdir(parents=True, exist_ok=True)
         mb.parent.mkdir(parents=True, exist_ok=True)
         env = rank_env(os.environ, self.args, local, generation, hb)
+        if world and rank in world:
+            env["RANK"] = env["ROLE_RANK"] = str(world.index(rank))
+            env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = str(len(world))
         env["UNBROKEN_MAILBOX"] = str(mb)
         if join:
             env["UNBROKEN_JOIN"] = "1"
@@ -271,7 +277,9 @@ class ManagedAgent:
             if old is not None and old.alive:
                 self._expected_exit.add(old.pid)
                 old.kill()
-            self._start_rank(rank - self.args.global_rank(0), self.generation, join=True)
+            self._start_rank(
+                rank - self.args.global_rank(0), self.generation, join=True, world=order.world
+            )
         for rank, proc in self.ranks.items():
             if rank not in replace and proc.alive:
                 proc.generation = self.generation  # the same process, now in the new generation
