@@ -42,14 +42,29 @@ class Reference:
     digest: str
 
 
+#: Where the runs of this test session share their node image (``UNBROKEN_SHARED_IMAGE``):
+#: torch is imported once for all of them, not once per run (set by the session's fixture).
+SHARED_IMAGE: Path | None = None
+
+
 def cli_env() -> dict[str, str]:
     """This process's environment without any launcher's variables, with this checkout's
     package first on the path and one thread per torch process."""
-    drop = ("UNBROKEN_", "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    drop = (
+        "UNBROKEN_",
+        "TORCHELASTIC_",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_",
+        "PYTEST_CURRENT_TEST",  # changes with every test: each run would get an image of its own
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if SHARED_IMAGE is not None:
+        env["UNBROKEN_SHARED_IMAGE"] = str(SHARED_IMAGE)
     return env
 
 

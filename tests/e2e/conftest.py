@@ -3,11 +3,49 @@ the test) and the fault-free run every faulted run's final model is compared wit
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import cli_runs
 import pytest
 from cli_runs import Reference, assert_no_processes_left, digest, run_job
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One node image for every run of the session (``UNBROKEN_SHARED_IMAGE``); ended, by the
+    pid it wrote, when the session ends."""
+    directory = tmp_path_factory.mktemp("images")
+    directory.chmod(0o700)
+    cli_runs.SHARED_IMAGE = directory
+    yield directory
+    cli_runs.SHARED_IMAGE = None
+    for pidfile in directory.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and _running(pid):
+                time.sleep(0.05)
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs; an exited child of this process (a subreaper, which the
+    orphaned image may have come to) is reaped."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 @pytest.fixture(scope="session")

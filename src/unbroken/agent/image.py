@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -116,6 +117,16 @@ class ImageChild(OwnChild):
         return code
 
 
+def _connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
 def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -132,8 +143,8 @@ def _exists(pid: int) -> bool:
 class Image:
     """The job manager's handle on a node image: :meth:`launch` forks an agent from it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
-        self.proc = proc
+    def __init__(self, proc: subprocess.Popen[bytes] | None, sock: socket.socket) -> None:
+        self.proc = proc  # None: a shared image, not this process's to end
         self._sock = sock
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -174,6 +185,57 @@ class Image:
         finally:
             theirs.close()
         return cls(proc, mine)
+
+    @classmethod
+    def shared(
+        cls, directory: Path, env: Mapping[str, str], linger_s: float = 120.0
+    ) -> Image | None:
+        """The image in ``directory`` (``UNBROKEN_SHARED_IMAGE``) that imported torch with
+        ``env``, started there if none runs: runs one after another on this machine share it,
+        and it ends ``linger_s`` after its last run. None where the directory is not this
+        user's alone (anyone who reaches the image runs code as its user)."""
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = directory.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            log.warning(
+                "%s is not private to this user (mode %o): no shared node image",
+                directory,
+                st.st_mode & 0o777,
+            )
+            return None
+        digest = hashlib.sha256(
+            json.dumps([sys.executable, sorted(env.items())]).encode()
+        ).hexdigest()
+        path = directory / f"image-{digest[:16]}.sock"
+        sock = _connect(path)
+        if sock is None:
+            with path.with_suffix(".log").open("ab") as out:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-u",
+                        "-m",
+                        "unbroken.agent.image",
+                        "--listen",
+                        str(path),
+                        "--linger",
+                        str(linger_s),
+                    ],
+                    env=dict(env),
+                    cwd=directory,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            deadline = time.monotonic() + 30.0
+            while sock is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+                sock = _connect(path)
+                if sock is None and proc.poll() is not None:
+                    sock = _connect(path)  # another run's image took the path first
+                    break
+        return None if sock is None else cls(None, sock)
 
     def _read(self) -> None:
         while True:
@@ -253,9 +315,12 @@ class Image:
         return child
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Let the image go (it exits when its socket closes)."""
+        """Let the image go (it exits when its socket closes; a shared one lingers)."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        if self.proc is None:
+            self._sock.close()
+            return
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -387,10 +452,43 @@ def _fork_for(
     return pid
 
 
+def _listen(path: Path) -> socket.socket | None:
+    """The listening socket of a shared image at ``path``; None when another image serves it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(str(path))
+        except OSError:  # a socket file left by an image that is gone
+            path.unlink(missing_ok=True)
+            sock.bind(str(path))
+        else:
+            sock.close()
+            return None
+        finally:
+            probe.close()
+    os.chmod(path, 0o600)
+    sock.listen(16)
+    return sock
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    sock = socket.socket(fileno=int(args[args.index("--socket-fd") + 1]))
     began = time.monotonic()
+    clients: list[socket.socket] = []
+    listener: socket.socket | None = None
+    linger_s = 0.0
+    if "--listen" in args:  # shared: any number of managers, one after another or at once
+        path = Path(args[args.index("--listen") + 1])
+        linger_s = float(args[args.index("--linger") + 1]) if "--linger" in args else 60.0
+        listener = _listen(path)
+        if listener is None:
+            return
+        path.with_suffix(".pid").write_text(f"{os.getpid()}\n")
+    else:
+        clients.append(socket.socket(fileno=int(args[args.index("--socket-fd") + 1])))
     from unbroken.agent import standby
 
     signals = standby.startup_signals()
@@ -400,37 +498,84 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{time.monotonic() - began:.2f} s)",
         flush=True,
     )
-    _send(sock, "ready")
     sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
     _held.add(sel.fileno())
+
+    def serve(client: socket.socket) -> None:
+        sel.register(client, selectors.EVENT_READ, ("client", client))
+        _held.add(client.fileno())
+        _send(client, "ready")
+
+    for client in list(clients):
+        serve(client)
+    if listener is not None:
+        sel.register(listener, selectors.EVENT_READ, ("listen", listener))
+        _held.add(listener.fileno())
+    owners: dict[int, socket.socket | None] = {}  # agent pid -> the manager that started it
+    idle_since = time.monotonic()
     while True:
-        for key, _ in sel.select():
-            if key.fileobj is sock:
+        for key, _ in sel.select(timeout=1.0 if listener is not None else None):
+            kind, obj = key.data
+            if kind == "listen":
+                assert listener is not None
+                client, _ = listener.accept()
+                clients.append(client)
+                serve(client)
+            elif kind == "client":
+                client = obj
                 try:
-                    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+                    data, fds, _, _ = socket.recv_fds(client, _MAX_MESSAGE, 2)
                 except OSError:
                     data, fds = b"", []
                 if not data:  # the manager let go: its agents are its own to end
-                    sys.stdout.flush()
-                    os._exit(0)
-                pid = _fork_for(data, fds, sock, signals)
+                    sel.unregister(client)
+                    _held.discard(client.fileno())
+                    clients.remove(client)
+                    client.close()
+                    for agent, owner in owners.items():
+                        if owner is client:
+                            owners[agent] = None
+                    if listener is None:
+                        sys.stdout.flush()
+                        os._exit(0)
+                    continue
+                forked = _fork_for(data, fds, client, signals)
                 for fd in fds:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-                if isinstance(pid, str):
-                    _send(sock, pid)
+                if isinstance(forked, str):
+                    _send(client, forked)
                     continue
+                pid = forked
                 pidfd = os.pidfd_open(pid)
                 _held.add(pidfd)
-                sel.register(pidfd, selectors.EVENT_READ, pid)
-                _send(sock, f"pid {pid}")
+                sel.register(pidfd, selectors.EVENT_READ, ("agent", pid))
+                owners[pid] = client
+                _send(client, f"pid {pid}")
             else:
                 sel.unregister(key.fileobj)
                 _held.discard(key.fd)
                 os.close(key.fd)
-                _, status = os.waitpid(key.data, 0)
-                _send(sock, f"exit {key.data} {os.waitstatus_to_exitcode(status)}")
+                _, status = os.waitpid(obj, 0)
+                owner = owners.pop(obj, None)
+                if owner is not None:
+                    _send(owner, f"exit {obj} {os.waitstatus_to_exitcode(status)}")
+        if listener is not None:
+            if clients or owners:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > linger_s:
+                _leave_shared(Path(args[args.index("--listen") + 1]))
+
+
+def _leave_shared(path: Path) -> NoReturn:
+    """A shared image that nobody used for its linger time ends, its files with it."""
+    pidfile = path.with_suffix(".pid")
+    with contextlib.suppress(OSError):
+        if pidfile.read_text().strip() == str(os.getpid()):
+            path.unlink(missing_ok=True)
+            pidfile.unlink(missing_ok=True)
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

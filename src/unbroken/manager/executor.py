@@ -1152,13 +1152,19 @@ class Executor:
     def start_image(self) -> None:
         """Start the node image (:mod:`unbroken.agent.image`): torch imported once for every
         agent and zygote of the embedded cluster's nodes, which share this machine. Off with
-        the zygotes (UNBROKEN_STANDBY=0); agents start cold where it cannot start."""
+        the zygotes (UNBROKEN_STANDBY=0); agents start cold where it cannot start. With
+        ``UNBROKEN_SHARED_IMAGE=DIR`` (a directory private to the user) runs share one image,
+        which ends a while after its last run."""
         if not self.use_spares or self.image is not None:
             return
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
+        shared = env.pop("UNBROKEN_SHARED_IMAGE", "")
         try:
-            self.image = Image.start(env, self.job.workdir, self.run_dir / "image.log")
+            if shared:  # runs on this machine share one image (see unbroken.agent.image)
+                self.image = Image.shared(Path(shared), env)
+            if self.image is None:
+                self.image = Image.start(env, self.job.workdir, self.run_dir / "image.log")
         except OSError as exc:
             log.warning("no node image (agents start cold): %s", exc)
 

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,3 +155,40 @@ def test_a_bad_request_is_refused_without_a_fork(tmp_path: Path) -> None:
             os.close(fd)
         a.close()
         b.close()
+
+
+def test_runs_share_one_image_that_ends_after_its_last_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "imgagent.py").write_text(AGENT)
+    src = str(Path(__file__).resolve().parents[3] / "src")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{home}{os.pathsep}{src}"}
+    shared = tmp_path / "images"
+    first = Image.shared(shared, env, linger_s=1.0)
+    assert first is not None and first.proc is None  # not this process's to end
+    (pidfile,) = shared.glob("*.pid")
+    pid, log = _launch(first, tmp_path, "exit3")
+    assert first.child(pid).wait(READY_S) == 3, log.read_text()
+    first.close()
+    # The next run finds the same image, warm: its agents come from the same process.
+    second = Image.shared(shared, env, linger_s=1.0)
+    assert second is not None
+    image_pid = int(pidfile.read_text())
+    pid, log = _launch(second, tmp_path, "linger")
+    assert second.child(pid).wait(60) == 0, log.read_text()
+    assert int(pidfile.read_text()) == image_pid
+    second.close()
+    # Nobody uses it: it ends after its linger time, and takes its socket and pid file along.
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline and list(shared.glob("*.sock")):
+        time.sleep(0.1)
+    assert not list(shared.glob("*.sock")) and not list(shared.glob("*.pid"))
+    assert "ready" in next(shared.glob("*.log")).read_text()
+
+
+def test_a_shared_image_is_refused_in_a_directory_others_can_reach(tmp_path: Path) -> None:
+    shared = tmp_path / "open"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    assert Image.shared(shared, dict(os.environ)) is None
+    assert not list(shared.iterdir())
