@@ -35,6 +35,7 @@ from cli_runs import (
 )
 from process_helpers import rank_pids, recomputed_steps, started_ranks, status_rank_pids
 
+from unbroken.ledger import Ledger, LedgerError
 from unbroken.rpc import ControlClient
 
 pytestmark = pytest.mark.e2e
@@ -46,16 +47,21 @@ RANKS = [0, 1, 2, 3]
 
 def started(tmp_path: Path, run_dir: Path, step_sleep: str) -> Background:
     """The job in the background with steps long enough for a command to reach it while it
-    trains; returns at step 20."""
+    trains; returns once the job's status says it committed step 5."""
     assert replica_specs(RECOVER) == replica_specs(JOB), "another model than the e2e job's"
     job = write_job(tmp_path / "job.yaml", job=RECOVER, replace={STEP_SLEEP: step_sleep})
     bg = start_job(run_dir, tmp_path / "logs", job=job)
 
-    def trained_20_steps() -> bool:
+    def trained_5_steps() -> bool:
         assert bg.proc.poll() is None, "the job ended early: " + str(bg.output())
-        return "] step 20/60 (generation 0, " in bg.output()[0]
+        try:
+            with Ledger(run_dir / "ledger.db", create=False) as ledger:
+                st = ledger.status()
+        except LedgerError:  # not created yet
+            return False
+        return st is not None and st.step >= 5
 
-    wait_for(trained_20_steps, "the job's console at step 20", deadline_s=120.0)
+    wait_for(trained_5_steps, "the job's status at step 5", deadline_s=120.0)
     return bg
 
 
@@ -69,9 +75,9 @@ def finish(bg: Background) -> Result:
 def test_a_stress_test_of_a_healthy_job_pauses_and_resumes_it(
     run_dir: Path, fault_free: Reference, tmp_path: Path
 ) -> None:
-    # 40 steps of 0.2 s after step 20: time for a command from another process on a loaded
+    # 55 steps of 0.1 s after step 5: time for a command from another process on a loaded
     # machine.
-    bg = started(tmp_path, run_dir, "--step-sleep=0.2")
+    bg = started(tmp_path, run_dir, "--step-sleep=0.1")
     try:
         res = unbroken("stress-test", "--run", run_dir)
     finally:
