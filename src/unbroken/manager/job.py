@@ -672,6 +672,7 @@ class JobManager:
                 else ""
             )
         in_process = bool(healthy) and not process_off and self.executor.in_process_recovery()
+        elastic_off = self.executor.elastic_refusal(fault) or ""
         return Feasibility(
             process_off=process_off,
             replica_for_lost_state=in_process,
@@ -680,7 +681,8 @@ class JobManager:
             fault_age_s=max(0.0, now - fault.at),
             rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,
             pod_schedulable=self.executor.schedulable(fault),
-            elastic_possible=in_process and self.executor.elastic_refusal(fault) is None,
+            elastic_possible=in_process and not elastic_off,
+            elastic_off=elastic_off,
         )
 
     def _phases(self, now: float) -> None:

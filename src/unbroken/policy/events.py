@@ -33,6 +33,7 @@ class Feasibility:
     rank0_pod_faulty: bool = False  # the fault touches the pod of rank 0
     pod_schedulable: bool = True  # the faulty pod(s) could be placed elsewhere now
     elastic_possible: bool = False  # the job can continue without the lost data-parallel replica
+    elastic_off: str = ""  # why it cannot, when the manager knows (the rank-0 pod, the minimum)
     process_off: str = ""  # why no rank can be repaired in process, when the manager knows
 
 

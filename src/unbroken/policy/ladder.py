@@ -183,7 +183,11 @@ def _process_rungs(
         Strategy.ELASTIC_TRAINING,
         Rung.ELASTIC_TRAINING,
         common
-        + ([] if feasibility.elastic_possible else ["the job cannot drop the lost replica"])
+        + (
+            []
+            if feasibility.elastic_possible
+            else [feasibility.elastic_off or "the job cannot drop the lost replica"]
+        )
         + ([] if pods_known else ["a fault names no pod"]),
     )
     return rungs
