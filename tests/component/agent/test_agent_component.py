@@ -31,6 +31,7 @@ from unbroken.protocol.messages import (
     RankHung,
     Report,
     StopPod,
+    StressRanks,
     WriteLastWords,
     decode_report,
 )
@@ -243,6 +244,17 @@ def test_orders_reach_the_ranks(pod: Pod) -> None:
     }
     pod.agent._obey(WriteLastWords(rank=2))
     assert pod.mailbox(2) == {"op": "dump", "seq": 2}
+    pod.agent._obey(StressRanks(round=1, master_port=29999))
+    for rank, seq in ((2, 3), (3, 2)):
+        assert pod.mailbox(rank) == {
+            "op": "stress",
+            "seq": seq,
+            "round": 1,
+            "master_addr": pod.agent.args.master_addr,
+            "master_port": 29999,
+            "rank": rank,
+            "world_size": pod.agent.args.world_size,
+        }
     pod.agent._obey(EndRanks(ranks=(3,)))
     assert pod.ranks[3].killed and not pod.ranks[2].killed
     # The agent ended rank 3 itself: its exit is no fault to report.
