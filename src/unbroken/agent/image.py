@@ -15,6 +15,12 @@ The image is started by the job manager (:class:`Image`) with one end of a Unix 
 and its stdout (stderr goes there too). The image forks the agent and replies ``pid N`` (or
 ``error ...``); when an agent exits, the image reaps it and says ``exit N CODE``.
 
+A request ``{"store": {"host", "port"}}`` with one descriptor, a socket, forks a *store keeper*
+instead: a process that hosts one rendezvous ``TCPStore`` (:func:`unbroken.rpc.store.host_store`),
+says ``port N`` (or ``error ...``) on that socket, and exits when its other end closes
+(:class:`StoreKeeper`). The manager's store is the only torch it would need; hosted here, the
+manager imports none (3 CPU-s of every run).
+
 The agent is the image's child, in a session of its own, with the signal dispositions the
 interpreter starts with, the request's environment and working directory, and runs ``module``
 as ``__main__`` with ``argv`` (``runpy``), as ``python -m module argv`` would. Its zygote logs
@@ -303,6 +309,49 @@ class Image:
             return None
         return int(reply[4:])
 
+    def host_store(
+        self, host: str, port: int, ready_timeout_s: float = 120.0
+    ) -> StoreKeeper | None:
+        """A rendezvous store on ``host:port`` (``port`` 0: any free one) hosted by a process
+        forked from the image; None when the image cannot (gone, or not ready in time).
+
+        Raises ``OSError`` naming the keeper's error when the store cannot start there (the
+        port in use, the address not of this machine)."""
+        if not self._ready.wait(ready_timeout_s) or self.gone:
+            return None
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"store": {"host": host, "port": port}}
+        with self._lock:
+            try:
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [theirs.fileno()])
+            except OSError:
+                mine.close()
+                return None
+            finally:
+                theirs.close()
+            with self._replied:
+                while not self._replies and not self.gone:
+                    self._replied.wait(1.0)
+                reply = self._replies.pop(0) if self._replies else ""
+        if not reply.startswith("pid "):
+            mine.close()
+            if reply:
+                log.warning("the node image could not start a store: %s", reply)
+            return None
+        keeper = self.child(int(reply[4:]))
+        mine.settimeout(ready_timeout_s)
+        try:
+            answer = mine.recv(_MAX_MESSAGE).decode(errors="replace")
+        except OSError:
+            answer = ""
+        if answer.startswith("port "):
+            mine.settimeout(None)
+            return StoreKeeper(int(answer[5:]), mine, keeper)
+        mine.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            keeper.wait(10.0)
+        raise OSError(answer[len("error ") :] if answer.startswith("error ") else "no answer")
+
     def child(self, pid: int, stdin: IO[bytes] | None = None) -> ImageChild:
         """The handle of the agent ``pid`` that :meth:`launch` started."""
         child = ImageChild(pid, self, stdin)
@@ -326,6 +375,20 @@ class Image:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._sock.close()
+
+
+class StoreKeeper:
+    """The manager's handle on a store hosted by a keeper forked from the image: ``port`` is
+    where it listens; :meth:`close` (or the manager's exit) ends it."""
+
+    def __init__(self, port: int, sock: socket.socket, proc: ImageChild) -> None:
+        self.port = port
+        self.pid = proc.pid
+        self._sock = sock
+
+    def close(self) -> None:
+        """Let the store go: the keeper sees its socket close and exits."""
         self._sock.close()
 
 
@@ -433,12 +496,44 @@ def _prestart_zygote(log_path: Path, signals: dict[int, Any]) -> None:
     ranks.prestarted(OwnChild(pid, os.fdopen(orders_end, "wb", buffering=0)), replies, log_path)
 
 
+def _be_store(request: dict[str, Any], fd: int, sock: socket.socket) -> None:
+    """In the forked store keeper: host the store, say where, hold it until let go."""
+    sock.close()
+    for held in _held:
+        with contextlib.suppress(OSError):
+            os.close(held)
+    os.setsid()
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    from unbroken.rpc.store import host_store
+
+    report = socket.socket(fileno=fd)
+    try:
+        store = host_store(str(request["host"]), int(request["port"]))
+    except Exception as exc:
+        _send(report, f"error {exc}")
+        return
+    _send(report, f"port {store.port}")
+    with contextlib.suppress(OSError):
+        while report.recv(64):  # until the manager lets go (or is gone)
+            pass
+
+
 def _fork_for(
     data: bytes, fds: list[int], sock: socket.socket, signals: dict[int, Any]
 ) -> int | str:
-    """Fork the agent a request asks for: its pid, or the ``error`` reply."""
+    """Fork the agent or store keeper a request asks for: its pid, or the ``error`` reply."""
     try:
         request = json.loads(data)
+        if isinstance(request, dict) and isinstance(request.get("store"), dict):
+            store = request["store"]
+            if len(fds) != 1 or not isinstance(store.get("port"), int) or "host" not in store:
+                raise ValueError("a store request has a host, a port and one descriptor")
+            pid = os.fork()
+            if pid == 0:
+                _exit_after(lambda: _be_store(store, fds[0], sock))
+            return pid
         if not isinstance(request, dict) or len(fds) != 2:
             raise ValueError("a request is a JSON object with two descriptors")
         for key in ("module", "argv", "env", "cwd", "zygote_log"):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from unbroken.agent.image import StoreKeeper
 from unbroken.chaos import ChaosFault, InjectKind
 from unbroken.chaos.injector import Injector, RankTarget, due
 from unbroken.devices import (
@@ -275,16 +276,29 @@ class JobManager:
         ranks the addresses of dead ones (pytorch/pytorch#135712). Every generation gets its
         own store instead; only the first uses the job's ``--master_port`` when it gives one.
         """
+        image = self.executor.image
         try:
             # On 127.0.0.1 alone: the store has no authentication (see unbroken.rpc.store).
-            store = host_store("127.0.0.1", port)
+            # Hosted by a keeper forked from the node image where there is one: torch is
+            # imported there already, and this process then imports none.
+            store: Any = None if image is None else image.host_store("127.0.0.1", port)
+            if store is None:
+                store = host_store("127.0.0.1", port)
         except Exception as exc:
             raise ManagerError(
                 f"cannot open the rendezvous store on 127.0.0.1:{port}"
                 f"{' (--master_port of the job: is the port in use?)' if port else ''}: {exc}"
             ) from None
-        self.store = store  # the previous generation's store closes with its last reference
+        self._let_store_go()
+        self.store = store
         self.master_port = int(store.port)
+
+    def _let_store_go(self) -> None:
+        """The previous generation's store ends: a keeper is told to, torch's store closes
+        with its last reference."""
+        if isinstance(self.store, StoreKeeper):
+            self.store.close()
+        self.store = None
 
     def _write_control_file(self) -> None:
         # A new file of ours, 0600 from its creation, never a path planted before us (O_EXCL,
@@ -340,7 +354,7 @@ class JobManager:
         if self.web is not None:
             self.web.stop()
         self.control_file.unlink(missing_ok=True)
-        self.store = None
+        self._let_store_go()
 
     def finish(self, succeeded: bool, reason: str) -> None:
         if self.outcome is not None:

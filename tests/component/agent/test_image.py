@@ -192,3 +192,35 @@ def test_a_shared_image_is_refused_in_a_directory_others_can_reach(tmp_path: Pat
     shared.chmod(0o755)
     assert Image.shared(shared, dict(os.environ)) is None
     assert not list(shared.iterdir())
+
+
+def test_a_store_keeper_hosts_the_store_on_loopback_until_let_go(
+    image: tuple[Image, Path],
+) -> None:
+    """The manager's rendezvous store is hosted by a keeper forked from the image (the manager
+    imports no torch): it listens on the address asked for, a second store on its port is
+    refused with the reason, and letting it go ends the keeper and frees the port. Every e2e
+    run's ranks rendezvous through one."""
+    img, _ = image
+    keeper = img.host_store("127.0.0.1", 0, ready_timeout_s=READY_S)
+    assert keeper is not None
+    with socket.create_connection(("127.0.0.1", keeper.port), timeout=5.0):
+        pass
+    with pytest.raises(OSError, match="in use"):
+        img.host_store("127.0.0.1", keeper.port)
+    keeper.close()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and _alive(keeper.pid):
+        time.sleep(0.02)
+    assert not _alive(keeper.pid)
+    again = img.host_store("127.0.0.1", keeper.port)  # the port is free again
+    assert again is not None and again.port == keeper.port
+    again.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
