@@ -11,9 +11,10 @@
 3. **Judge.** The results, or their absence by :data:`TEST_TIMEOUT_S`, go to the pure
    :func:`unbroken.policy.stress.judge`; the verdict, with the seed's result codes, is recorded
    (:class:`~unbroken.ledger.StressTested`) and printed.
-4. **Act.** A rank with a fault found (code 2) becomes a ``stress-test`` fault of its pod's
-   device and goes to the recovery ladder like any other fault (``recover`` moves the pod to a
-   spare node, isolating the device; the healthy ranks stay in their processes, already
+4. **Act.** A rank with a fault found (code 2) becomes a ``stress-test`` fault of its pod and
+   goes to the recovery ladder like any other fault: of its device when the device computed
+   wrong, of its node when every link of the rank is slow (``recover`` moves the pod to a spare
+   node, isolating the device or the node; the healthy ranks stay in their processes, already
    stopped). Without one, every rank rejoins a new generation in its own process, keeping its
    state (the replicas' agreement is checked as after every rejoin) and training goes on from
    the step it stopped at: no step is lost or redone.
@@ -310,7 +311,14 @@ class StressTester:
         for r in verdict.faulty:
             by_pod.setdefault(self.h.where(r.rank)[0], []).append(r.rank)
         for pod, ranks in by_pod.items():
-            _, node, device = self.h.where(ranks[0])
+            # A device that computes wrong is isolated; a rank whose every link is slow takes
+            # its node out (the seed's code 2: isolate the node), named by no device.
+            bad_device = [
+                r.rank for r in verdict.faulty if r.rank in ranks and r.device is StressCode.FAULT
+            ]
+            _, node, device = self.h.where(bad_device[0] if bad_device else ranks[0])
+            if not bad_device:
+                device = None
             reasons = "; ".join(
                 f"rank {r.rank}: {r.reason}" for r in verdict.faulty if r.rank in ranks
             )

@@ -124,12 +124,15 @@ def seen(step: int, stopping: bool) -> dict[int, RankSeen]:
     }
 
 
-def publish(store: DictStore, round_: int, checksums: Mapping[int, str]) -> None:
+def publish(
+    store: DictStore, round_: int, checksums: Mapping[int, str], slow_rank: int | None = None
+) -> None:
     links: dict[int, list[LinkMeasure]] = {r: [] for r in range(4)}
     for pairs in link_rounds(4):
         for a, b in pairs:
-            links[a].append(LinkMeasure(b, 1.0, 0.01))
-            links[b].append(LinkMeasure(a, 1.0, 0.01))
+            gbps = 0.1 if slow_rank in (a, b) else 1.0
+            links[a].append(LinkMeasure(b, gbps, 0.01))
+            links[b].append(LinkMeasure(a, gbps, 0.01))
     for r, checksum in checksums.items():
         res = RankStressResult(
             rank=r,
@@ -212,6 +215,24 @@ def test_a_device_found_wrong_becomes_a_stress_test_fault_of_its_pod(ledger: Led
     t.resumed(generation=3, first_commit_at=14.0, step=8)
     (done,) = recorded(ledger, StressTestFinished)
     assert done.recovered and done.code == 2
+
+
+def test_a_rank_whose_every_link_is_slow_takes_its_node_out(ledger: Ledger) -> None:
+    job = FakeJob(ranks=seen(7, stopping=True))
+    t = make_tester(job, ledger)
+    t.request(10.0)
+    t.poll(10.1)
+    publish(job.stores[0], 1, dict.fromkeys(range(4), GOOD), slow_rank=2)
+    t.poll(10.2)
+    (fault,) = job.faults
+    # No device named: the ladder isolates the node (the seed's code 2 for a node).
+    assert (fault.pod, fault.node, fault.device, fault.ranks) == (
+        "job-worker-0",
+        "node-1",
+        None,
+        (2,),
+    )
+    assert "every link of the rank is slow or failed (2-3, 1-2)" in fault.detail
 
 
 def test_a_rank_without_a_result_times_out_and_the_job_resumes(ledger: Ledger) -> None:
