@@ -146,7 +146,7 @@ def _elastic_detail(job: JobSpec) -> str:
     """What the elastic rung can do for ``job``: down to which size, for which faults."""
     nproc = job.nproc_per_node
     if job.min_nodes >= job.nodes:
-        return "drops no pod: no Worker replica sets minReplicas below replicas"
+        return "drops no pod: every Worker replica sets minReplicas to its replicas, or none"
     return (
         f"a lost pod with no node to go to is dropped, down to {job.min_nodes} of {job.nodes} "
         f"pods (world size {job.min_nodes * nproc}-{job.world_size}), never the rank-0 pod; "

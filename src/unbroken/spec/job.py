@@ -74,9 +74,14 @@ class JobSpec:
 
     @property
     def min_nodes(self) -> int:
-        """The fewest training pods elastic training may scale in to (``minReplicas``)."""
+        """The fewest training pods elastic training may scale in to: ``minReplicas`` where
+        given; else, with ``elastic-training``, every Worker pod may go (the seed drops a lost
+        replica with no lower bound), and the Master pod (rank 0) never does."""
+        elastic = Strategy.ELASTIC_TRAINING in self.fault_handling.strategies
         return sum(
-            r.min_replicas if r.min_replicas is not None else r.replicas
+            r.min_replicas
+            if r.min_replicas is not None
+            else (0 if elastic and r.type is not ReplicaType.MASTER else r.replicas)
             for r in self.replica_specs
             if r.trains
         )
@@ -211,14 +216,17 @@ def _elastic_warnings(
                 f"{raw.path}.minReplicas",
                 "has no effect without elastic-training in recover-strategy",
             )
-    droppable = any(r.min_replicas is not None and r.min_replicas < r.replicas for r in training)
+    droppable = any(
+        r.type is not ReplicaType.MASTER and (r.min_replicas is None or r.min_replicas < r.replicas)
+        for r in training
+    )
     if elastic and not droppable and strategy is not None:
         problems.warn(
             strategy.line,
             strategy.field,
-            "elastic-training can drop no pod: no Worker replica sets minReplicas below its "
-            "replicas (the Master pod holds rank 0 and is never dropped), so a lost pod goes to "
-            "the next rung",
+            "elastic-training can drop no pod: every Worker replica sets minReplicas to its "
+            "replicas, or there is none (the Master pod holds rank 0 and is never dropped), so "
+            "a lost pod goes to the next rung",
         )
 
 

@@ -14,6 +14,8 @@ pytestmark = pytest.mark.unit
 ELASTIC = Path(__file__).resolve().parents[2] / "fixtures" / "e2e" / "elastic.yaml"
 SOURCE = Path("job.yaml")
 MASTER = "    Master:\n      replicas: 1\n"
+#: The fixture's line of the Worker's minReplicas.
+LINE = ELASTIC.read_text().splitlines().index("      minReplicas: 0") + 1
 
 
 def text(replace: dict[str, str]) -> str:
@@ -39,16 +41,16 @@ def test_min_replicas_is_read_into_the_minimum_size() -> None:
     [
         (
             {"minReplicas: 0": "minReplicas: 2"},
-            "job.yaml:42: spec.replicaSpecs.Worker.minReplicas: minReplicas 2 is more than "
+            f"job.yaml:{LINE}: spec.replicaSpecs.Worker.minReplicas: minReplicas 2 is more than "
             "replicas 1",
         ),
         (
             {"minReplicas: 0": "minReplicas: -1"},
-            "job.yaml:42: spec.replicaSpecs.Worker.minReplicas: out of range",
+            f"job.yaml:{LINE}: spec.replicaSpecs.Worker.minReplicas: out of range",
         ),
         (
             {"minReplicas: 0": "minReplicas: many"},
-            "job.yaml:42: spec.replicaSpecs.Worker.minReplicas: expected a whole number",
+            f"job.yaml:{LINE}: spec.replicaSpecs.Worker.minReplicas: expected a whole number",
         ),
         (
             {MASTER: MASTER + "      minReplicas: 0\n"},
@@ -65,13 +67,22 @@ def test_a_bad_min_replicas_is_one_clear_line(replace: dict[str, str], message: 
 
 
 def test_validate_says_when_the_elastic_rung_can_drop_nothing() -> None:
-    job = parse_job(text({"      minReplicas: 0\n": ""}), SOURCE)
+    job = parse_job(text({"minReplicas: 0": "minReplicas: 1"}), SOURCE)
     assert job.min_nodes == job.nodes
     assert any("elastic-training can drop no pod" in w for w in job.warnings), job.warnings
 
 
 def test_min_replicas_without_elastic_training_is_said_to_do_nothing() -> None:
-    job = parse_job(text({'"elastic-training"': '"recover"'}), SOURCE)
+    job = parse_job(text({'"recover-in-place,elastic-training"': '"recover-in-place"'}), SOURCE)
     assert any(
         "Worker.minReplicas: has no effect without elastic-training" in w for w in job.warnings
     ), job.warnings
+
+
+def test_without_min_replicas_every_worker_pod_may_go_as_in_the_seed() -> None:
+    job = parse_job(text({"      minReplicas: 0\n": ""}), SOURCE)
+    assert (job.nodes, job.min_nodes) == (2, 1)
+    assert not job.warnings
+    no_elastic = {'"recover-in-place,elastic-training"': '"recover-in-place"'}
+    fixed = parse_job(text({"      minReplicas: 0\n": "", **no_elastic}), SOURCE)
+    assert fixed.min_nodes == fixed.nodes
