@@ -31,7 +31,7 @@ def test_lost_node_scales_in_and_its_return_scales_out_to_the_fault_free_model(
     res = run_job(run_dir, "--cluster", NO_SPARE, "--chaos", chaos, job=ELASTIC)
     assert res.rc == 0, res.explain()
     assert "job e2e-elastic: SUCCEEDED" in res.stdout, res.explain()
-    assert "step 60/60; 2 fault(s), 2 recovery(ies)" in res.stdout, res.explain()
+    assert "step 80/80; 2 fault(s), 2 recovery(ies)" in res.stdout, res.explain()
     assert digest(run_dir) == digest(reference), "the elastic run's model differs"
 
     evs = events(run_dir)
@@ -78,4 +78,4 @@ def test_lost_node_scales_in_and_its_return_scales_out_to_the_fault_free_model(
     )
     assert started == [1, 2, 3], of_kind(evs, "ProcessesStarted")
     st = status(run_dir)
-    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 60, st
+    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 80, st
