@@ -437,7 +437,8 @@ class JobManager:
         that reason, so a misconfigured script is not mistaken for a finished training."""
         idle = sorted(r for p in self.pods.values() for r in p.without_session)
         if not idle:
-            self.finish(True, f"all {self.job.world_size} ranks finished")
+            # A job scaled in finishes with the ranks of its smaller world.
+            self.finish(True, f"all {self.executor.world_size()} ranks finished")
             return
         which = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))}"
         self.finish(
