@@ -109,7 +109,7 @@ class ImageChild(OwnChild):
         self._exited.set()
 
     def poll(self) -> int | None:
-        if self.returncode is None and self._image.gone and not _exists(self.pid):
+        if self.returncode is None and self._image.gone and not pid_exists(self.pid):
             self.exited(-1)  # the image died first: the exit was not seen
         return self.returncode
 
@@ -123,6 +123,28 @@ class ImageChild(OwnChild):
         return code
 
 
+def _spawn(
+    args: list[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    log_path: Path,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start an image process (``python -m unbroken.agent.image args``) in a session of its
+    own, logging to ``log_path``."""
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-u", "-m", "unbroken.agent.image", *args],
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+
+
 def _connect(path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -133,7 +155,8 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
+    """Whether a process (a zombie too) has the pid ``pid``."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -167,24 +190,8 @@ class Image:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with log_path.open("ab") as out:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-u",
-                        "-m",
-                        "unbroken.agent.image",
-                        "--socket-fd",
-                        str(theirs.fileno()),
-                    ],
-                    env=dict(env),
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    pass_fds=(theirs.fileno(),),
-                )
+            fd = theirs.fileno()
+            proc = _spawn(["--socket-fd", str(fd)], env, cwd, log_path, pass_fds=(fd,))
         except OSError:
             mine.close()
             raise
@@ -215,25 +222,12 @@ class Image:
         path = directory / f"image-{digest[:16]}.sock"
         sock = _connect(path)
         if sock is None:
-            with path.with_suffix(".log").open("ab") as out:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-u",
-                        "-m",
-                        "unbroken.agent.image",
-                        "--listen",
-                        str(path),
-                        "--linger",
-                        str(linger_s),
-                    ],
-                    env=dict(env),
-                    cwd=directory,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            proc = _spawn(
+                ["--listen", str(path), "--linger", str(linger_s)],
+                env,
+                directory,
+                path.with_suffix(".log"),
+            )
             deadline = time.monotonic() + 30.0
             while sock is None and time.monotonic() < deadline:
                 time.sleep(0.01)

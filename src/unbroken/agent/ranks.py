@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from unbroken.agent.image import OwnChild
+from unbroken.agent.image import OwnChild, pid_exists
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +406,7 @@ class RankProcess:
                 return self._returncode
         except ChildProcessError:  # not this process's child: no subreaper after all
             log.error("rank %d (pid %d) is not this process's child", self.rank, pid)
-            while _exists(pid):
+            while pid_exists(pid):
                 time.sleep(0.1)
             with self._lock:
                 self._returncode = 1
@@ -465,16 +465,6 @@ class RankProcess:
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for the exit to be observed (and reported); True if it exited in time."""
         return self._exited.wait(timeout_s)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 #: A zygote forked with this agent from the node's image (:mod:`unbroken.agent.image`), and
