@@ -103,12 +103,13 @@ def main() -> None:
         session.reduce_gradients()
         opt.step()
         step_times.append(time.perf_counter() - began)
+    world_size = session.world_size  # the last step's (the group is gone after close)
     session.close()
 
     if session.rank == 0 and args.result:
         result = {
             "steps": session.committed,
-            "world_size": session.world_size,
+            "world_size": world_size,
             "virtual_ranks": virtual,
             "start_step": session.start_step,
             "step_time_s": sorted(step_times)[len(step_times) // 2] if step_times else 0.0,

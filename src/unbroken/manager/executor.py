@@ -121,6 +121,7 @@ from unbroken.protocol.messages import (
     WriteLastWords,
 )
 from unbroken.scheduler import Binding, Cluster, Pod, Unschedulable, place
+from unbroken.spec.knobs import Strategy
 
 
 class ExecutorHost(Protocol):
@@ -1301,6 +1302,13 @@ class Executor:
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             }
         )
+        if Strategy.ELASTIC_TRAINING in self.fh.strategies:
+            # Stopped ranks wait for their world as long as the elastic rung may take: the
+            # pending pod's wait-reschedule-timeout and the decision wait.
+            wait_s = self.fh.decision_wait_s + STOP_TIMEOUT_S
+            if Strategy.RECOVER in self.fh.strategies:
+                wait_s += self.fh.wait_reschedule_s
+            env.setdefault("UNBROKEN_COMMAND_TIMEOUT_S", f"{max(120.0, wait_s):g}")
         argv = agent_argv(
             nproc_per_node=layout.nproc,
             nnodes=len(self.job.pods),

@@ -71,6 +71,9 @@ _EWMA_WEIGHT = 0.2  # weight of the newest step time in the step-time average
 _STOP_BASE_S = 5.0  # derived stop deadline: this plus three average steps
 
 _active: Session | None = None
+#: How long a stopped rank waits for its rejoin command, when the agent says (seconds).
+COMMAND_TIMEOUT = "UNBROKEN_COMMAND_TIMEOUT_S"
+DEFAULT_COMMAND_TIMEOUT_S = 120.0
 
 
 class TrainingStopped(SystemExit):
@@ -547,7 +550,7 @@ def init(
     ckpt_timeout_s: float = 600.0,
     seed: int | None = None,
     comm_timeout_s: float = 30.0,
-    command_timeout_s: float = 120.0,
+    command_timeout_s: float | None = None,
     state: Mapping[str, Any] | None = None,
     data: Any = None,
     agree_every: int = 100,
@@ -579,7 +582,8 @@ def init(
     collective (:mod:`unbroken.worker.commhook`) and, under an agent that gives the rank a
     mailbox, recovers in process (:mod:`unbroken.worker.recovery`): ``comm_timeout_s`` is the
     process groups' collective timeout, ``command_timeout_s`` how long a stopped rank waits
-    for its rejoin command.
+    for its rejoin command (default: ``UNBROKEN_COMMAND_TIMEOUT_S``, which the control plane
+    sets for a job whose rung may keep the ranks waiting longer, else 120 s).
     """
     global _active
     if _active is not None:
@@ -591,6 +595,12 @@ def init(
     if agree_every < 0:
         raise ValueError(f"agree_every must be >= 0 (0: only after recoveries), got {agree_every}")
     train_state = TrainState(model, optimizer, state, Batches(data) if data is not None else None)
+    if command_timeout_s is None:
+        raw = os.environ.get(COMMAND_TIMEOUT, "")
+        try:
+            command_timeout_s = float(raw) if raw else DEFAULT_COMMAND_TIMEOUT_S
+        except ValueError:
+            raise ValueError(f"{COMMAND_TIMEOUT}={raw!r} is not a number of seconds") from None
     for name, value in (
         ("comm_timeout_s", comm_timeout_s),
         ("command_timeout_s", command_timeout_s),
