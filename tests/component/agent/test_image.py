@@ -209,10 +209,10 @@ def test_a_store_keeper_hosts_the_store_on_loopback_until_let_go(
     with pytest.raises(OSError, match="in use"):
         img.host_store("127.0.0.1", keeper.port)
     keeper.close()
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + 60.0  # the keeper, then the image, scheduled on loaded cores
     while time.monotonic() < deadline and _alive(keeper.pid):
         time.sleep(0.02)
-    assert not _alive(keeper.pid)
+    assert not _alive(keeper.pid), f"the keeper {keeper.pid} outlived its socket"
     again = img.host_store("127.0.0.1", keeper.port)  # the port is free again
     assert again is not None and again.port == keeper.port
     again.close()
