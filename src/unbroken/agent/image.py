@@ -52,6 +52,7 @@ from typing import IO, Any, NoReturn
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 20
+_KEEPER_ANSWER_S = 30.0  # a keeper answers from memory; this long only on a stalled machine
 #: Descriptors the image holds besides its socket: an agent forked from it closes them.
 _held: set[int] = set()
 
@@ -374,12 +375,36 @@ class Image:
 
 class StoreKeeper:
     """The manager's handle on a store hosted by a keeper forked from the image: ``port`` is
-    where it listens; :meth:`close` (or the manager's exit) ends it."""
+    where it listens; :meth:`check` and :meth:`get` read it as ``TCPStore``'s methods do (the
+    keeper asks its store); :meth:`close` (or the manager's exit) ends it."""
 
     def __init__(self, port: int, sock: socket.socket, proc: ImageChild) -> None:
         self.port = port
         self.pid = proc.pid
         self._sock = sock
+        self._lock = threading.Lock()
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every one of ``keys`` is set. Raises ``RuntimeError`` as the store would."""
+        return self._ask({"op": "check", "keys": list(keys)}) == b"1"
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, which must be set (a keeper never waits for a key)."""
+        return self._ask({"op": "get", "key": key})[1:]
+
+    def _ask(self, request: dict[str, Any]) -> bytes:
+        with self._lock:
+            try:
+                self._sock.settimeout(_KEEPER_ANSWER_S)
+                self._sock.send(json.dumps(request).encode())
+                reply = self._sock.recv(_MAX_MESSAGE)
+            except OSError as exc:
+                raise RuntimeError(f"the store keeper did not answer: {exc}") from None
+        if not reply:
+            raise RuntimeError("the store keeper is gone")
+        if reply[:1] == b"e":
+            raise RuntimeError(reply[1:].decode(errors="replace"))
+        return reply
 
     def close(self) -> None:
         """Let the store go: the keeper sees its socket close and exits."""
@@ -510,8 +535,25 @@ def _be_store(request: dict[str, Any], fd: int, sock: socket.socket) -> None:
         return
     _send(report, f"port {store.port}")
     with contextlib.suppress(OSError):
-        while report.recv(64):  # until the manager lets go (or is gone)
-            pass
+        while asked := report.recv(_MAX_MESSAGE):  # until the manager lets go (or is gone)
+            report.send(_keeper_answer(store, asked))
+
+
+def _keeper_answer(store: Any, data: bytes) -> bytes:
+    """A keeper's answer to the manager's ``check`` or ``get``: ``1``/``0``, ``v`` and the
+    value, or ``e`` and the error."""
+    try:
+        request = json.loads(data)
+        if request["op"] == "check":
+            return b"1" if store.check([str(k) for k in request["keys"]]) else b"0"
+        if request["op"] == "get":
+            key = str(request["key"])
+            if not store.check([key]):
+                return f"e{key!r} is not set".encode()
+            return b"v" + bytes(store.get(key))
+        return f"e{request['op']!r} is not an operation of a keeper".encode()
+    except Exception as exc:  # a bad request or the store's own error, said to the asker
+        return f"e{exc}".encode()
 
 
 def _fork_for(

@@ -106,6 +106,13 @@ from unbroken.rpc.store import host_store
 log = logging.getLogger(__name__)
 
 
+def let_store_go(store: Any) -> None:
+    """A store of :meth:`JobManager.host_store` ends: a keeper is told to, torch's store
+    closes with its last reference."""
+    if isinstance(store, StoreKeeper):
+        store.close()
+
+
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
 _PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest"})
 
@@ -276,29 +283,25 @@ class JobManager:
         ranks the addresses of dead ones (pytorch/pytorch#135712). Every generation gets its
         own store instead; only the first uses the job's ``--master_port`` when it gives one.
         """
-        image = self.executor.image
         try:
-            # On 127.0.0.1 alone: the store has no authentication (see unbroken.rpc.store).
-            # Hosted by a keeper forked from the node image where there is one: torch is
-            # imported there already, and this process then imports none.
-            store: Any = None if image is None else image.host_store("127.0.0.1", port)
-            if store is None:
-                store = host_store("127.0.0.1", port)
+            store = self.host_store(port)
         except Exception as exc:
             raise ManagerError(
                 f"cannot open the rendezvous store on 127.0.0.1:{port}"
                 f"{' (--master_port of the job: is the port in use?)' if port else ''}: {exc}"
             ) from None
-        self._let_store_go()
+        let_store_go(self.store)
         self.store = store
         self.master_port = int(store.port)
 
-    def _let_store_go(self) -> None:
-        """The previous generation's store ends: a keeper is told to, torch's store closes
-        with its last reference."""
-        if isinstance(self.store, StoreKeeper):
-            self.store.close()
-        self.store = None
+    def host_store(self, port: int) -> Any:
+        """A store on 127.0.0.1 alone (it has no authentication; see unbroken.rpc.store),
+        hosted by a keeper forked from the node image where there is one (torch is imported
+        there already, and this process then imports none), else in this process. Raises
+        ``OSError`` when it cannot listen there."""
+        image = self.executor.image
+        store = None if image is None else image.host_store("127.0.0.1", port)
+        return host_store("127.0.0.1", port) if store is None else store
 
     def _write_control_file(self) -> None:
         # A new file of ours, 0600 from its creation, never a path planted before us (O_EXCL,
@@ -354,7 +357,8 @@ class JobManager:
         if self.web is not None:
             self.web.stop()
         self.control_file.unlink(missing_ok=True)
-        self._let_store_go()
+        let_store_go(self.store)
+        self.store = None
 
     def finish(self, succeeded: bool, reason: str) -> None:
         if self.outcome is not None:

@@ -59,7 +59,6 @@ from unbroken.protocol.stress import (
     decode_result,
     result_key,
 )
-from unbroken.rpc.store import host_store
 
 if TYPE_CHECKING:
     from unbroken.manager.job import JobManager
@@ -240,7 +239,7 @@ class StressTester:
         if busy:
             self.console.line(f"stress test {run.round} given up: {busy}")
             self.run = None
-            self._store = None
+            self._drop_store()
             return
         match advance(run, self.h.ranks_seen().values(), self._have_results, now):
             case Wait():
@@ -264,6 +263,12 @@ class StressTester:
             stopped_at=now,
             deadline_at=now + TEST_TIMEOUT_S,
         )
+
+    def _drop_store(self) -> None:
+        store, self._store = self._store, None
+        close = getattr(store, "close", None)  # a keeper's; torch's store ends unreferenced
+        if callable(close):
+            close()
 
     def _have_results(self) -> bool:
         run = self.run
@@ -291,7 +296,7 @@ class StressTester:
 
     def _judge(self, run: StressRun, now: float) -> None:
         results = self._results(run)
-        self._store = None
+        self._drop_store()
         verdict = judge(results, self.job.world_size)
         stop_s = run.stopped_at - run.requested_at
         test_s = now - run.stopped_at
@@ -481,7 +486,7 @@ class ManagerStressHost:
         self.m.commands.send(pod, pid, order)
 
     def open_store(self) -> tuple[Any, int]:
-        store = host_store("127.0.0.1", 0)
+        store = self.m.host_store(0)
         return store, int(store.port)
 
     def where(self, rank: int) -> tuple[str, str, int | None]:

@@ -200,12 +200,16 @@ def test_a_store_keeper_hosts_the_store_on_loopback_until_let_go(
     """The manager's rendezvous store is hosted by a keeper forked from the image (the manager
     imports no torch): it listens on the address asked for, a second store on its port is
     refused with the reason, and letting it go ends the keeper and frees the port. Every e2e
-    run's ranks rendezvous through one."""
+    run's ranks rendezvous through one; the stress tests' ranks write their results to one,
+    which the manager reads through the keeper."""
     img, _ = image
     keeper = img.host_store("127.0.0.1", 0, ready_timeout_s=READY_S)
     assert keeper is not None
     with socket.create_connection(("127.0.0.1", keeper.port), timeout=5.0):
         pass
+    assert keeper.check(["nobody-set-this"]) is False
+    with pytest.raises(RuntimeError, match="'nobody-set-this' is not set"):
+        keeper.get("nobody-set-this")  # answered at once: a keeper never waits for a key
     with pytest.raises(OSError, match="in use"):
         img.host_store("127.0.0.1", keeper.port)
     keeper.close()
