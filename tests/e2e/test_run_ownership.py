@@ -103,6 +103,10 @@ def test_a_live_run_is_on_loopback_private_and_its_own(tmp_path: Path, run_dir: 
         port = int(found.group(1))
         assert connectable("127.0.0.1", port)
         assert not connectable(other, port), f"the store 127.0.0.1:{port} answers on {other}"
+        # The manager hosts no store of its own: a keeper forked from the node image does, and
+        # the manager never loads torch.
+        maps = Path(f"/proc/{bg.proc.pid}/maps").read_text()
+        assert "libtorch" not in maps, "the job manager loaded torch"
 
         assert mode(run_dir) == 0o700
         assert mode(run_dir / "control.json") == 0o600
