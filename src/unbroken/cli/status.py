@@ -13,6 +13,7 @@ from unbroken.cli.rundir import RunDirError, find_run, is_live
 from unbroken.ledger import (
     Ledger,
     LedgerError,
+    NodeDeprioritised,
     Record,
     StressTested,
     StressTestFinished,
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         data["control_plane"] = "running" if live else "stopped"
         data["goodput"] = gp.to_json()
         data["stress_tests"] = [r.data for r in records if r.kind == StressTestFinished.kind]
+        data["pool"] = pool(records)
         print(json.dumps(data, indent=2))
         return 0
     total = f"/{st.total_steps}" if st.total_steps else ""
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     stress = _stress_line(records)
     if stress:
         print(f"stress:      {stress}")
+    for line in pool_lines(pool(records)):
+        print(f"pool:        {line}")
     print(f"updated:     {age:.1f} s ago")
     for pod in st.pods:
         ranks = ", ".join(f"{r}:{p}" for r, p in zip(pod.ranks, pod.pids, strict=True))
@@ -95,3 +99,21 @@ def _stress_line(records: list[Record]) -> str:
     if len(done) < len(tested):
         line += " (training not resumed yet)"
     return line
+
+
+def pool(records: list[Record]) -> dict[str, dict[str, str]]:
+    """What the ledger says about the scheduler's pool beyond plain health: the nodes placed
+    on last (``placed_last``: node -> reason)."""
+    placed_last: dict[str, str] = {}
+    for r in records:
+        if r.kind == NodeDeprioritised.kind:
+            placed_last.setdefault(str(r.data["node"]), str(r.data["reason"]))
+    return {"placed_last": placed_last}
+
+
+def pool_lines(state: dict[str, dict[str, str]]) -> list[str]:
+    """One line per node or device ``pool`` names, for the text output."""
+    return [
+        f"node {node} placed on last ({reason})"
+        for node, reason in sorted(state["placed_last"].items())
+    ]

@@ -240,6 +240,15 @@ class NodeIsolated(Event):
 
 
 @dataclass(frozen=True)
+class NodeDeprioritised(Event):
+    """A node reported a sub-health fault the job ignores: from now on pods are placed there
+    only when no other node can take them."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class DeviceReturned(Event):
     """An isolated device went back to the pool (healthy again with autoStowing, or by hand)."""
 

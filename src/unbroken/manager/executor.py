@@ -49,6 +49,7 @@ from unbroken.ledger import (
     DeviceIsolated,
     DeviceReturned,
     Ledger,
+    NodeDeprioritised,
     NodeIsolated,
     PodHotSwitched,
     PodPlaced,
@@ -88,6 +89,7 @@ from unbroken.manager.service import CommandQueues
 from unbroken.policy import (
     BackOff,
     Command,
+    DeprioritiseNode,
     DeviceRef,
     DumpLastWords,
     FailJob,
@@ -120,7 +122,15 @@ from unbroken.protocol.messages import (
     StopPod,
     WriteLastWords,
 )
-from unbroken.scheduler import Binding, Cluster, Pod, Unschedulable, place
+from unbroken.scheduler import (
+    Binding,
+    Cluster,
+    Placement,
+    Pod,
+    Unschedulable,
+    passed_over,
+    place,
+)
 from unbroken.spec.knobs import Strategy
 
 
@@ -362,6 +372,8 @@ class Executor:
                 self._isolate_device(node, device, f"fault level {level}")
             case IsolateNode(node=node):
                 self._isolate_node(node, "node lost")
+            case DeprioritiseNode(node=node, reason=reason):
+                self._deprioritise_node(node, reason)
             case RestartProcesses():
                 self._restart_in_place()
             case ReschedulePods(pods=pods, isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
@@ -791,6 +803,7 @@ class Executor:
             self.console.line(f"cannot place {pod}: {result.reason}")
             self._queue.append(PodUnschedulable(pod=pod, at=now, generation=self._rung))
             return
+        self._say_passed_over(result.bindings)
         self.cluster = self.cluster.bind(result.bindings)
         self._rejoin(
             replace={},
@@ -941,6 +954,13 @@ class Executor:
         self.ledger.record(DeviceIsolated(node=node, device=device, code=code, reason=reason))
         self.console.line(f"device {device} of {node} isolated ({reason})")
 
+    def _deprioritise_node(self, node: str, reason: str) -> None:
+        if node in self.cluster.deprioritised_nodes:
+            return
+        self.cluster = self.cluster.deprioritise_node(node, reason)
+        self.ledger.record(NodeDeprioritised(node=node, reason=reason))
+        self.console.line(f"node {node} placed on last from now on ({reason})")
+
     def _isolate_node(self, node: str, reason: str) -> None:
         if node in self.cluster.isolated_nodes:
             return
@@ -989,6 +1009,9 @@ class Executor:
         )
         if level.isolates_device:
             self._isolate_device(node, device, f"fault level {level}")
+        elif level is FaultLevel.SUB_HEALTH:
+            # No pod to switch or reschedule: whatever the strategy, new pods avoid the node.
+            self._deprioritise_node(node, f"sub-healthy: {code}")
 
     # ---- feasibility ------------------------------------------------------------------
     def spare_node_free(self) -> bool:
@@ -1243,6 +1266,7 @@ class Executor:
             return
         self.unplaced = None
         self.m.pending_reason = ""
+        self._say_passed_over(result.bindings)
         self.cluster = self.cluster.bind(result.bindings)
         gen = (
             self._next_generation(self._rung)
@@ -1253,6 +1277,14 @@ class Executor:
             self.ledger.record(PodPlaced(pod=b.pod, node=b.node, devices=b.devices, generation=gen))
             self.console.line(f"pod {b.pod} placed on {b.node} (devices {list(b.devices)})")
             self._start_agent(b.pod, b.node, b.devices, gen)
+
+    def _say_passed_over(self, bindings: tuple[Binding, ...]) -> None:
+        """The console says which deprioritised nodes a placement passed over, and why."""
+        skipped = passed_over(self.cluster, Placement(bindings))
+        if skipped:
+            pods = ", ".join(b.pod for b in bindings)
+            why = "; ".join(f"{n} ({reason})" for n, reason in sorted(skipped.items()))
+            self.console.line(f"placing {pods}: passed over {why}, placed on last")
 
     def _could_fit(self, wanted: list[Pod]) -> bool:
         """Whether ``wanted`` could be placed if every isolated device came back healthy."""

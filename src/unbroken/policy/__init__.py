@@ -8,6 +8,7 @@ clock.
 from unbroken.policy.commands import (
     BackOff,
     Command,
+    DeprioritiseNode,
     DeviceRef,
     DumpLastWords,
     FailJob,
@@ -49,6 +50,7 @@ __all__ = [
     "Budgets",
     "Command",
     "Decision",
+    "DeprioritiseNode",
     "DeviceRef",
     "DumpLastWords",
     "Event",

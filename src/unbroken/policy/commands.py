@@ -69,6 +69,15 @@ class IsolateNode:
 
 
 @dataclass(frozen=True)
+class DeprioritiseNode:
+    """``subHealthyStrategy: ignore``: training goes on, and later placements put a pod on
+    ``node`` only when no other node can take it, for the rest of the run."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RetryOnline:
     """``retry``: no process restarts; stop, rebuild communication, repair ``ranks`` from a
     replica, redo the interrupted step."""
@@ -143,6 +152,7 @@ Command = (
     | RescheduleJob
     | IsolateDevice
     | IsolateNode
+    | DeprioritiseNode
     | RetryOnline
     | RestartInPlace
     | RecoverOnSpare

@@ -23,7 +23,9 @@ Running
 - R3  fault at ``NotHandle``: recorded, nothing.
 - R4  fault at ``PreSeparateNPU``: ``IsolateDevice`` (``IsolateNode`` if no device is named);
   training goes on.
-- R5  ``SubHealth``, ``subHealthyStrategy=ignore``: nothing.
+- R5  ``SubHealth``, ``subHealthyStrategy=ignore``: training goes on; ``DeprioritiseNode`` when
+  the fault names a node (later placements put a pod there only when no other node can take
+  it), else nothing.
 - R6  ``SubHealth``, ``hotSwitch``: ``HotSwitch(pod)`` when the fault names a pod that is not
   the rank-0 pod (the reference never hot-switches it), a healthy replica exists and a spare
   node is free (the backup runs beside the sub-healthy pod until the switch, so a node the
@@ -149,6 +151,7 @@ from unbroken.policy import ladder, stall
 from unbroken.policy.commands import (
     BackOff,
     Command,
+    DeprioritiseNode,
     DumpLastWords,
     FailJob,
     HotSwitch,
@@ -255,7 +258,14 @@ def _sub_health(
     what = f"{fault.describe()}, subHealthyStrategy {config.sub_healthy}"
     match config.sub_healthy:
         case SubHealthyStrategy.IGNORE:
-            return Decision(state, (), f"{what}: ignored")
+            if fault.node is None:
+                return Decision(state, (), f"{what}: ignored")
+            why = f"sub-healthy: {fault.code}" if fault.code else "sub-healthy"
+            return Decision(
+                state,
+                (DeprioritiseNode(fault.node, why),),
+                f"{what}: ignored; node {fault.node} is placed on last from now on",
+            )
         case SubHealthyStrategy.HOT_SWITCH:
             problems = []
             if fault.pod is None:

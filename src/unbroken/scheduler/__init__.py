@@ -16,7 +16,7 @@ from unbroken.scheduler.escalation import (
     should_escalate,
     start_pending,
 )
-from unbroken.scheduler.placement import Placement, Pod, Unschedulable, place
+from unbroken.scheduler.placement import Placement, Pod, Unschedulable, passed_over, place
 
 __all__ = [
     "PENDING_SESSIONS_DEFAULT",
@@ -33,6 +33,7 @@ __all__ = [
     "attempt_failed",
     "escalation_reason",
     "next_attempt_at",
+    "passed_over",
     "place",
     "should_escalate",
     "start_pending",

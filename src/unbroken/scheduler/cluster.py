@@ -9,6 +9,10 @@ pod. Isolating does not evict a pod already bound there; the recovery policy dec
 happens to it and the manager calls :meth:`Cluster.release`. A device returns to the pool with
 :meth:`Cluster.return_device` when it is healthy again and the device plugin's ``autoStowing``
 is on, or when an operator returns it by hand.
+
+A node that reported a sub-health fault the job ignores (``subHealthyStrategy: ignore``) is
+*deprioritised* (:meth:`Cluster.deprioritise_node`): it still takes pods, but placement puts a
+pod there only when no other node can take it, for the rest of the run.
 """
 
 from __future__ import annotations
@@ -55,12 +59,14 @@ def _frozen(mapping: Mapping[K, V]) -> Mapping[K, V]:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Nodes, isolations (with the reason a user reads) and bindings (pod name -> binding)."""
+    """Nodes, isolations and deprioritised nodes (with the reason a user reads) and bindings
+    (pod name -> binding)."""
 
     nodes: tuple[Node, ...]
     isolated_devices: Mapping[DeviceKey, str] = field(default_factory=dict)
     isolated_nodes: Mapping[str, str] = field(default_factory=dict)
     bindings: Mapping[str, Binding] = field(default_factory=dict)
+    deprioritised_nodes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -71,6 +77,7 @@ class Cluster:
         object.__setattr__(self, "isolated_devices", _frozen(self.isolated_devices))
         object.__setattr__(self, "isolated_nodes", _frozen(self.isolated_nodes))
         object.__setattr__(self, "bindings", _frozen(self.bindings))
+        object.__setattr__(self, "deprioritised_nodes", _frozen(self.deprioritised_nodes))
 
     @classmethod
     def of(cls, nodes: Mapping[str, int] | Iterable[Node]) -> Cluster:
@@ -135,6 +142,15 @@ class Cluster:
         return replace(
             self, isolated_nodes={k: v for k, v in self.isolated_nodes.items() if k != node}
         )
+
+    def deprioritise_node(self, node: str, reason: str) -> Cluster:
+        """Place pods on ``node`` only when no other node can take them (for the rest of the
+        run); ``reason`` is shown to users ("sub-healthy: code 80E20207"). The first reason
+        is kept."""
+        self.node(node)
+        if node in self.deprioritised_nodes:
+            return self
+        return replace(self, deprioritised_nodes={**self.deprioritised_nodes, node: reason})
 
     def bind(self, bindings: Iterable[Binding]) -> Cluster:
         """Record placed pods (replacing their previous bindings)."""

@@ -13,6 +13,10 @@ Rules (the local equivalent of Volcano's gang scheduling for these jobs):
   still take it; the others take free nodes in the cluster's order (spares are listed last),
   larger pods first. When honouring preferences would leave a pod without a node, placement is
   retried without them.
+- A deprioritised node (it reported a sub-health fault the job ignores,
+  :meth:`Cluster.deprioritise_node`) comes after every other node: it is not taken as a
+  preference, and a pod goes there only when no other node can take it.
+  :func:`passed_over` names the deprioritised nodes a placement could have used and did not.
 - Deterministic: the same cluster, pods and preferences give the same placement.
 
 Pure: no I/O, no clock.
@@ -103,19 +107,41 @@ def _attempt(
         chosen[pod.name] = Binding(pod.name, node.name, _devices(cluster, node, pod))
 
     by_name = {n.name: n for n in cluster.nodes}
+    last = cluster.deprioritised_nodes
     for pod in pods:
         node = by_name.get(prefer.get(pod.name, ""))
-        if node is not None and fits(node, pod):
+        if node is not None and node.name not in last and fits(node, pod):
             take(node, pod)
     rest = [p for p in pods if p.name not in chosen]
     order = sorted(range(len(rest)), key=lambda i: (-rest[i].devices_needed, i))
+    nodes = [n for n in cluster.nodes if n.name not in last]
+    nodes += [n for n in cluster.nodes if n.name in last]
     for i in order:
         pod = rest[i]
-        node = next((n for n in cluster.nodes if fits(n, pod)), None)
+        node = next((n for n in nodes if fits(n, pod)), None)
         if node is None:
             return Unschedulable(pod.name, _why(cluster, pod, occupied, taken))
         take(node, pod)
     return Placement(tuple(chosen[p.name] for p in pods))
+
+
+def passed_over(cluster: Cluster, placement: Placement) -> dict[str, str]:
+    """The deprioritised nodes that ``placement`` did not use although they were free and had
+    the devices for one of its pods, with the reason each is placed last."""
+    used = {b.node for b in placement.bindings}
+    placing = {b.pod for b in placement.bindings}
+    need = min((len(b.devices) for b in placement.bindings), default=0)
+    out: dict[str, str] = {}
+    for name, reason in cluster.deprioritised_nodes.items():
+        bound = cluster.pod_on(name)
+        if (
+            name not in used
+            and name not in cluster.isolated_nodes
+            and (bound is None or bound in placing)
+            and len(cluster.healthy_devices(name)) >= need
+        ):
+            out[name] = reason
+    return out
 
 
 def _devices(cluster: Cluster, node: Node, pod: Pod) -> tuple[int, ...]:
@@ -156,6 +182,8 @@ def _node_state(
         return f"{name} runs pod {occupied[name]}"
     if name in taken:
         return f"{name} goes to pod {taken[name]}"
+    last = cluster.deprioritised_nodes.get(name)
+    label = name if last is None else f"{name} (placed last: {last})"
     healthy = len(cluster.healthy_devices(name))
     isolated = [
         f"device {d} isolated: {cluster.isolated_devices[(name, d)]}"
@@ -165,4 +193,4 @@ def _node_state(
         if (name, d) in cluster.isolated_devices
     ]
     detail = f" ({'; '.join(isolated)})" if isolated else ""
-    return f"{name} has {healthy}{detail}"
+    return f"{label} has {healthy}{detail}"

@@ -487,3 +487,51 @@ def test_without_a_free_node_training_goes_on_and_the_decision_says_why(
     job.tick(1.0)
     st = job.m.ledger.status()
     assert st is not None and str(st.phase) == "Running", st
+
+
+def test_an_ignored_sub_health_fault_sends_the_next_placement_to_another_free_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3)  # no recover-strategy; subHealthyStrategy ignore
+    m, ex = job.m, job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    lines: list[str] = []
+    monkeypatch.setattr(m.console, "line", lines.append)
+    started: list[tuple[str, str]] = []
+
+    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:  # processes are an edge
+        for pod in pods:
+            ex.cluster = ex.cluster.release(pod)
+            del m.pods[pod]
+
+    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
+        started.append((pod, node))
+        m.pods[pod] = PodProcess(
+            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
+        )  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ex, "_stop", stop)
+    monkeypatch.setattr(ex, "_start_agent", start_agent)
+
+    now = job.clock()
+    ex.device_event(DeviceFaulted("node-1", 1, "80E20207", "sub-healthy", now, now))
+    (decision,) = job.events("DecisionMade")
+    assert decision["commands"] == [
+        "DeprioritiseNode(node='node-1', reason='sub-healthy: 80E20207')"
+    ]
+    assert job.events("NodeDeprioritised") == [
+        {"node": "node-1", "reason": "sub-healthy: 80E20207"}
+    ]
+    assert isinstance(ex.policy_state, Running) and m.incident is None
+    assert started == [], "training went on: nothing was placed"
+
+    # A later fault that needs the job placed again (a device on node-0 needs a reset): every
+    # node is free once the pods stop, and node-1 is passed over for the free node-2.
+    now = job.clock.advance(5.0)
+    ex.device_event(DeviceFaulted("node-0", 0, "80E18005", "needs a reset", now, now))
+    assert started == [(PODS[0], "node-0"), (PODS[1], "node-2")]
+    assert ex.cluster.node_of(PODS[1]) == "node-2"
+    assert (
+        f"placing {PODS[0]}, {PODS[1]}: passed over node-1 (sub-healthy: 80E20207), placed on last"
+        in lines
+    )

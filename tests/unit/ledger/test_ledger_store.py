@@ -29,6 +29,7 @@ from unbroken.ledger import (
     JobSucceeded,
     Ledger,
     LedgerError,
+    NodeDeprioritised,
     NodeIsolated,
     PodHotSwitched,
     PodPlaced,
@@ -86,6 +87,7 @@ ONE_OF_EACH: tuple[Event, ...] = (
     DeviceIsolated(node="node-1", device=0, code="80E01801", reason="code 80E01801"),
     NodeIsolated(node="node-2", reason="agent heartbeats missed for 15 s"),
     DeviceReturned(node="node-1", device=0, reason="healthy again (autoStowing)"),
+    NodeDeprioritised(node="node-2", reason="sub-healthy: 80E20207"),
     RecoveryCompleted(
         fault_id="f-1", strategy="recover-in-place", generation=1, step=111, phases_s={"x": 1.5}
     ),

@@ -14,6 +14,7 @@ from unbroken.faults import Fault, FaultKind, FaultLevel
 from unbroken.policy import (
     BackOff,
     Budgets,
+    DeprioritiseNode,
     DeviceRef,
     DumpLastWords,
     Event,
@@ -239,8 +240,16 @@ ROWS = {
         Running(),
         fault(sub_health()),
         POD,
-        (),
+        (DeprioritiseNode("n1", "sub-healthy: XID-92"),),
         "sub-health XID-92 (SubHealth) on pod worker-1 node n1 device 3 rank 3, "
+        "subHealthyStrategy ignore: ignored; node n1 is placed on last from now on",
+        Running,
+    ),
+    "R5-no-node": Row(
+        Running(),
+        fault(dataclasses.replace(sub_health(), node=None, pod=None, device=None)),
+        POD,
+        (),
         "subHealthyStrategy ignore: ignored",
         Running,
     ),
