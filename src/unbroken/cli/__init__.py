@@ -24,6 +24,7 @@ _COMMANDS: dict[str, str] = {
     "events": "events",
     "report": "report",
     "inject": "inject",
+    "release": "release",
     "stress-test": "stress",
 }
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from unbroken.cli.rundir import RunDirError, find_run, is_live
 from unbroken.ledger import (
+    DeviceIsolated,
+    DeviceReturned,
     Ledger,
     LedgerError,
     NodeDeprioritised,
@@ -103,17 +105,30 @@ def _stress_line(records: list[Record]) -> str:
 
 def pool(records: list[Record]) -> dict[str, dict[str, str]]:
     """What the ledger says about the scheduler's pool beyond plain health: the nodes placed
-    on last (``placed_last``: node -> reason)."""
+    on last (``placed_last``: node -> reason) and the devices held out of it until an operator
+    releases them (``held``: ``"node/device"`` -> reason; ``ManuallySeparate``)."""
     placed_last: dict[str, str] = {}
+    held: dict[str, str] = {}
     for r in records:
         if r.kind == NodeDeprioritised.kind:
             placed_last.setdefault(str(r.data["node"]), str(r.data["reason"]))
-    return {"placed_last": placed_last}
+        elif r.kind in (DeviceIsolated.kind, DeviceReturned.kind):
+            key = f"{r.data['node']}/{r.data['device']}"
+            reason = str(r.data["reason"])
+            if r.kind == DeviceIsolated.kind and reason.startswith("ManuallySeparate"):
+                held[key] = reason
+            elif r.kind == DeviceReturned.kind:
+                held.pop(key, None)
+    return {"placed_last": placed_last, "held": held}
 
 
 def pool_lines(state: dict[str, dict[str, str]]) -> list[str]:
     """One line per node or device ``pool`` names, for the text output."""
-    return [
+    lines = [
         f"node {node} placed on last ({reason})"
         for node, reason in sorted(state["placed_last"].items())
     ]
+    for key, reason in sorted(state["held"].items()):
+        node, device = key.rsplit("/", 1)
+        lines.append(f"device {device} of {node} out of the pool ({reason})")
+    return lines

@@ -4,8 +4,9 @@ Providers implement :class:`HealthProvider` (``poll() -> tuple[DeviceHealth, ...
 ``sim`` provider reads faults injected with :func:`inject_device_fault` /
 :func:`clear_device_fault` from any process. :class:`DeviceWatcher` polls a provider every
 ``-listWatchPeriod`` and reports :class:`DeviceFaulted` / :class:`DeviceRecovered`; with
-``-autoStowing`` on, the manager returns a recovered device to the pool, otherwise it stays
-isolated until an operator returns it. The device plugin flags themselves are read by the
+``-autoStowing`` on, the manager returns a recovered device to the pool (not one isolated at
+``ManuallySeparate``), otherwise it stays isolated until an operator returns it (``unbroken
+release``). The device plugin flags themselves are read by the
 cluster spec (:class:`unbroken.spec.cluster.DevicePlugin`).
 """
 

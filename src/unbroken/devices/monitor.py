@@ -17,7 +17,8 @@ What the manager does with the events depends on the plugin's ``-autoStowing`` f
 ``DeviceFaulted`` whose level isolates becomes ``Cluster.isolate_device``; on
 ``DeviceRecovered`` with ``autoStowing`` on (the default), the device goes back to the pool
 (``Cluster.return_device``); with it off, the device stays isolated after it recovers until an
-operator returns it, as the reference's device plugin does.
+operator returns it (``unbroken release``), as the reference's device plugin does. A device
+isolated at ``ManuallySeparate`` stays out whatever the flag says, until released.
 """
 
 from __future__ import annotations

@@ -229,6 +229,8 @@ class Executor:
         self.cluster = Cluster.of(
             {n: cluster_layout.devices_per_node for n in cluster_layout.nodes}
         )
+        #: Devices the health provider reports faulty now, with their codes.
+        self.faulty_devices: dict[tuple[str, int], str] = {}
         #: The policy's state, fed only here.
         self.policy_state: JobState = Running()
         #: The policy generation of the rung being carried out, and of the rung that began
@@ -369,7 +371,7 @@ class Executor:
     def execute(self, cmd: Command, now: float) -> None:
         match cmd:
             case IsolateDevice(node=node, device=device, level=level):
-                self._isolate_device(node, device, f"fault level {level}")
+                self._isolate_device(node, device, f"fault level {level}", level)
             case IsolateNode(node=node):
                 self._isolate_node(node, "node lost")
             case DeprioritiseNode(node=node, reason=reason):
@@ -943,16 +945,51 @@ class Executor:
         self.console.line(f"node {node} back in the pool")
         return f"node {node} back in the pool"
 
-    def _isolate_device(self, node: str, device: int, reason: str) -> None:
-        if self.cluster.device_isolated(node, device):
-            return
-        self.cluster = self.cluster.isolate_device(node, device, reason)
-        code = next(
-            (f.code for f in reversed(self.m.history) if f.node == node and f.device == device),
-            None,
+    def _isolate_device(
+        self, node: str, device: int, reason: str, level: FaultLevel | None = None
+    ) -> None:
+        """Take a device out of the pool. At ``ManuallySeparate`` (``level``, else the level
+        of the device's newest fault) it is held until ``unbroken release`` returns it, also
+        when it was out of the pool already."""
+        newest = next(
+            (f for f in reversed(self.m.history) if f.node == node and f.device == device), None
         )
+        if level is None and newest is not None:
+            level = newest.level
+        manual = level is FaultLevel.MANUALLY_SEPARATE
+        if manual:
+            reason = f"{FaultLevel.MANUALLY_SEPARATE}: out until released (unbroken release)"
+        isolated = self.cluster.device_isolated(node, device)
+        if isolated and (not manual or self.cluster.device_held(node, device)):
+            return
+        self.cluster = self.cluster.isolate_device(node, device, reason, manual=manual)
+        code = newest.code if newest is not None else self.faulty_devices.get((node, device))
         self.ledger.record(DeviceIsolated(node=node, device=device, code=code, reason=reason))
         self.console.line(f"device {device} of {node} isolated ({reason})")
+
+    def release_device(self, node: str, device: int) -> str:
+        """An operator returns a device to the pool (``unbroken release``): one held at
+        ``ManuallySeparate``, or, with ``autoStowing`` off, any isolated one. A device that
+        still reports a fault is refused: it would take pods while faulty."""
+        c = self.cluster
+        c.node(node)
+        code = self.faulty_devices.get((node, device))
+        if code is not None:
+            raise ValueError(
+                f"device {device} of {node} still reports fault {code}; release it once it "
+                "reports healthy (unbroken inject device --clear, for a sim device)"
+            )
+        if not c.device_held(node, device) and c.device_isolated(node, device):
+            if self.cl.auto_stowing:
+                c.release_device(node, device)  # raises: it returns by itself
+            self.cluster = c.return_device(node, device)
+        else:
+            self.cluster = c.release_device(node, device)  # raises unless held
+        self.ledger.record(
+            DeviceReturned(node=node, device=device, reason="released by an operator")
+        )
+        self.console.line(f"device {device} of {node} released by an operator: back in the pool")
+        return f"device {device} of {node} back in the pool"
 
     def _deprioritise_node(self, node: str, reason: str) -> None:
         if node in self.cluster.deprioritised_nodes:
@@ -970,12 +1007,25 @@ class Executor:
 
     def device_event(self, event: Any) -> None:
         now = self.clock()
+        if isinstance(event, DeviceFaulted | DeviceRecovered):
+            key = (event.node, event.device)
+            if isinstance(event, DeviceFaulted):
+                self.faulty_devices[key] = event.code or "unknown"
+            else:
+                self.faulty_devices.pop(key, None)
         if isinstance(event, DeviceFaulted):
             match device_fault(event, self._holder(event.node, event.device), self.codes):
                 case IdleDeviceFault() as idle:
                     self._idle_device_fault(idle)
                 case Fault() as fault:
                     self.m.fault_detected(fault, now)
+        elif isinstance(event, DeviceRecovered) and self.cluster.device_held(
+            event.node, event.device
+        ):
+            self.console.line(
+                f"device {event.device} of {event.node} reports healthy; it stays out of the "
+                "pool until released (ManuallySeparate: unbroken release)"
+            )
         elif isinstance(event, DeviceRecovered) and (
             self.cl.auto_stowing and self.cluster.device_isolated(event.node, event.device)
         ):
@@ -1008,7 +1058,7 @@ class Executor:
             "there, training goes on"
         )
         if level.isolates_device:
-            self._isolate_device(node, device, f"fault level {level}")
+            self._isolate_device(node, device, f"fault level {level}", level)
         elif level is FaultLevel.SUB_HEALTH:
             # No pod to switch or reschedule: whatever the strategy, new pods avoid the node.
             self._deprioritise_node(node, f"sub-healthy: {code}")
@@ -1287,7 +1337,8 @@ class Executor:
             self.console.line(f"placing {pods}: passed over {why}, placed on last")
 
     def _could_fit(self, wanted: list[Pod]) -> bool:
-        """Whether ``wanted`` could be placed if every isolated device came back healthy."""
+        """Whether ``wanted`` could be placed if every isolated device came back healthy (a
+        device held at ``ManuallySeparate`` does not come back on its own)."""
         c = self.cluster
         for node, device in list(c.isolated_devices):
             c = c.return_device(node, device)

@@ -114,7 +114,7 @@ def let_store_go(store: Any) -> None:
 
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
-_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest"})
+_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release"})
 
 
 class ManagerError(RuntimeError):
@@ -404,6 +404,13 @@ class JobManager:
                     at = self.clock()
                     detail = self.injector.request(body)
                     self._record_injected(at, str(body["kind"]), detail)
+                    msg.reply.put({"ok": True, "detail": detail})
+                except ValueError as exc:
+                    msg.reply.put({"ok": False, "error": str(exc)})
+            case "Release":
+                assert msg.reply is not None
+                try:
+                    detail = self.executor.release_device(str(body["node"]), int(body["device"]))
                     msg.reply.put({"ok": True, "detail": detail})
                 except ValueError as exc:
                     msg.reply.put({"ok": False, "error": str(exc)})

@@ -81,6 +81,7 @@ def build_server(
             REPORT: post(REPORT),
             "Inject": ask("Inject"),
             "StressTest": ask("StressTest"),
+            "Release": ask("Release"),
         },
         streams={COMMANDS: agent_commands},
     )

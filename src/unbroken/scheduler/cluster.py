@@ -8,7 +8,9 @@ Isolation is the scheduler's only notion of health: an isolated device or node r
 pod. Isolating does not evict a pod already bound there; the recovery policy decides what
 happens to it and the manager calls :meth:`Cluster.release`. A device returns to the pool with
 :meth:`Cluster.return_device` when it is healthy again and the device plugin's ``autoStowing``
-is on, or when an operator returns it by hand.
+is on. A device isolated at level ``ManuallySeparate`` (``isolate_device(..., manual=True)``)
+is *held*: it never returns on its own (``return_device`` leaves it out), only when an operator
+releases it (:meth:`Cluster.release_device`).
 
 A node that reported a sub-health fault the job ignores (``subHealthyStrategy: ignore``) is
 *deprioritised* (:meth:`Cluster.deprioritise_node`): it still takes pods, but placement puts a
@@ -67,6 +69,7 @@ class Cluster:
     isolated_nodes: Mapping[str, str] = field(default_factory=dict)
     bindings: Mapping[str, Binding] = field(default_factory=dict)
     deprioritised_nodes: Mapping[str, str] = field(default_factory=dict)
+    held_devices: frozenset[DeviceKey] = frozenset()
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -118,18 +121,48 @@ class Cluster:
 
     # -- operations ------------------------------------------------------------------------
 
-    def isolate_device(self, node: str, device: int, reason: str) -> Cluster:
-        """Take a device out of the pool; ``reason`` is shown to users ("code 80E01801")."""
+    def device_held(self, node: str, device: int) -> bool:
+        """Whether the device waits for an operator to release it (``ManuallySeparate``)."""
+        return (node, device) in self.held_devices
+
+    def isolate_device(self, node: str, device: int, reason: str, manual: bool = False) -> Cluster:
+        """Take a device out of the pool; ``reason`` is shown to users ("code 80E01801").
+        ``manual``: it is held until :meth:`release_device` (also when it was isolated
+        already)."""
         self._check_device(node, device)
-        return replace(self, isolated_devices={**self.isolated_devices, (node, device): reason})
+        key = (node, device)
+        held = self.held_devices | {key} if manual else self.held_devices
+        return replace(
+            self, isolated_devices={**self.isolated_devices, key: reason}, held_devices=held
+        )
 
     def return_device(self, node: str, device: int) -> Cluster:
-        """Put an isolated device back into the pool (no change when it is not isolated)."""
+        """Put an isolated device back into the pool: no change when it is not isolated, or
+        when it is held (``ManuallySeparate``: only :meth:`release_device` returns it)."""
         self._check_device(node, device)
-        if (node, device) not in self.isolated_devices:
+        key = (node, device)
+        if key not in self.isolated_devices or key in self.held_devices:
             return self
-        rest = {k: v for k, v in self.isolated_devices.items() if k != (node, device)}
+        rest = {k: v for k, v in self.isolated_devices.items() if k != key}
         return replace(self, isolated_devices=rest)
+
+    def release_device(self, node: str, device: int) -> Cluster:
+        """An operator puts a held device back into the pool; a device that is not held is
+        refused (:class:`ValueError` naming it and its state)."""
+        self._check_device(node, device)
+        key = (node, device)
+        if key not in self.held_devices:
+            state = (
+                f"isolated ({self.isolated_devices[key]}) and returns by itself when healthy"
+                if key in self.isolated_devices
+                else "in the pool"
+            )
+            raise ValueError(
+                f"device {device} of {node} is not held for release (ManuallySeparate): it is "
+                f"{state}"
+            )
+        rest = {k: v for k, v in self.isolated_devices.items() if k != key}
+        return replace(self, isolated_devices=rest, held_devices=self.held_devices - {key})
 
     def isolate_node(self, node: str, reason: str) -> Cluster:
         self.node(node)

@@ -4,19 +4,23 @@ processes, no network: what is asserted is the manager's decisions for a sequenc
 
 from __future__ import annotations
 
+import json
 import queue
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from unbroken.devices import DeviceFaulted
+from unbroken.cli import main
+from unbroken.devices import DeviceFaulted, DeviceRecovered
+from unbroken.faults import CodeTable
 from unbroken.ledger import Ledger
 from unbroken.manager.job import JobManager
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
 from unbroken.manager.pods import PodProcess
-from unbroken.manager.service import Inbound
+from unbroken.manager.service import Inbound, build_server
 from unbroken.policy import Recovering, RecoveryFailed, Running
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
@@ -535,3 +539,105 @@ def test_an_ignored_sub_health_fault_sends_the_next_placement_to_another_free_no
         f"placing {PODS[0]}, {PODS[1]}: passed over node-1 (sub-healthy: 80E20207), placed on last"
         in lines
     )
+
+
+def _release(job: Job, node: str, device: int) -> dict[str, Any]:
+    reply: queue.Queue[dict[str, Any]] = queue.Queue()
+    job.m._handle_one(Inbound("Release", {"node": node, "device": device}, reply))
+    return reply.get_nowait()
+
+
+def test_a_manually_separated_device_stays_out_when_healthy_until_an_operator_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3)
+    ex = job.m.executor
+    table = tmp_path / "codes.yaml"
+    table.write_text("codes:\n  80E0FFFF: {level: ManuallySeparate, what: test}\n")
+    ex.codes = CodeTable.load(table)
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    now = job.clock()
+    ex.device_event(DeviceFaulted("node-2", 0, "80E0FFFF", "broken", now, now))
+    (isolated,) = job.events("DeviceIsolated")
+    assert (isolated["node"], isolated["device"], isolated["code"]) == ("node-2", 0, "80E0FFFF")
+    assert "ManuallySeparate" in isolated["reason"]
+    assert _release(job, "node-2", 0) == {
+        "ok": False,
+        "error": "device 0 of node-2 still reports fault 80E0FFFF; release it once it reports "
+        "healthy (unbroken inject device --clear, for a sim device)",
+    }
+    # Healthy again (autoStowing is on): a ManuallySeparate device does not come back.
+    ex.device_event(DeviceRecovered("node-2", 0, job.clock.advance(1.0)))
+    assert ex.cluster.device_isolated("node-2", 0) and job.events("DeviceReturned") == []
+    assert ex.free_nodes() == []
+    assert _release(job, "node-2", 0) == {
+        "ok": True,
+        "detail": "device 0 of node-2 back in the pool",
+    }
+    assert job.events("DeviceReturned") == [
+        {"node": "node-2", "device": 0, "reason": "released by an operator"}
+    ]
+    assert ex.free_nodes() == ["node-2"]
+    again = _release(job, "node-2", 0)
+    assert again["ok"] is False and "is not held for release" in again["error"]
+    assert "no node 'node-9'" in _release(job, "node-9", 0)["error"]
+
+
+def test_a_device_isolated_at_separate_npu_returns_by_itself_and_is_not_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3)
+    ex = job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    now = job.clock()
+    ex.device_event(DeviceFaulted("node-2", 1, "80E3A201", "separate", now, now))
+    assert ex.cluster.device_isolated("node-2", 1) and not ex.cluster.device_held("node-2", 1)
+    ex.device_event(DeviceRecovered("node-2", 1, job.clock.advance(1.0)))
+    assert not ex.cluster.device_isolated("node-2", 1)
+    refused = _release(job, "node-2", 1)
+    assert refused["ok"] is False and "it is in the pool" in refused["error"]
+
+
+def test_unbroken_release_reaches_the_manager_through_its_authenticated_control_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3)
+    ex = job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    ex.cluster = ex.cluster.isolate_device("node-2", 1, "ManuallySeparate", manual=True)
+    inbox: queue.Queue[Inbound] = queue.Queue()
+    server = build_server("s3cret", inbox, job.m.commands, answer_timeout_s=10.0)
+    server.start()
+    (tmp_path / "control.json").write_text(
+        json.dumps({"address": server.address, "secret": "s3cret"})
+    )
+
+    def serve(n: int) -> threading.Thread:  # the manager's loop, for n messages
+        def loop() -> None:
+            for _ in range(n):
+                job.m._handle_one(inbox.get(timeout=10.0))
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        return thread
+
+    try:
+        thread = serve(2)
+        assert main(["release", "--node", "node-2", "--device", "1", "--run", str(tmp_path)]) == 0
+        assert capsys.readouterr().out == "device 1 of node-2 back in the pool\n"
+        assert main(["release", "--node", "node-2", "--device", "1", "--run", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("unbroken release: device 1 of node-2 is not held for release")
+        thread.join(10.0)
+        assert not thread.is_alive()
+        (tmp_path / "control.json").write_text(
+            json.dumps({"address": server.address, "secret": "guess"})
+        )
+        assert main(["release", "--node", "node-2", "--device", "0", "--run", str(tmp_path)]) == 1
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+        assert inbox.empty(), "an unauthenticated release reached the manager"
+    finally:
+        server.stop()
+    assert job.events("DeviceReturned") == [
+        {"node": "node-2", "device": 1, "reason": "released by an operator"}
+    ]

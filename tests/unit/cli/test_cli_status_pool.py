@@ -1,4 +1,5 @@
-"""``unbroken status`` says which nodes are placed on last (an ignored sub-health fault)."""
+"""``unbroken status`` says which nodes are placed on last (an ignored sub-health fault) and
+which devices wait for ``unbroken release`` (ManuallySeparate)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from unbroken.cli import main
-from unbroken.ledger import JobPhase, JobStatus, JobSubmitted, Ledger, NodeDeprioritised
+from unbroken.ledger import (
+    DeviceIsolated,
+    DeviceReturned,
+    JobPhase,
+    JobStatus,
+    JobSubmitted,
+    Ledger,
+    NodeDeprioritised,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -19,6 +28,11 @@ def run(tmp_path: Path) -> Path:
         ledger.record(JobSubmitted(job="j", pods=("w-0",), world_size=2), at=100.0)
         ledger.record(NodeDeprioritised(node="node-1", reason="sub-healthy: 80E20207"), at=110.0)
         ledger.record(NodeDeprioritised(node="node-1", reason="sub-healthy: XID-92"), at=120.0)
+        held = "ManuallySeparate: out until released (unbroken release)"
+        for device in (0, 1):
+            ledger.record(DeviceIsolated(node="node-2", device=device, code="X", reason=held))
+        ledger.record(DeviceIsolated(node="node-0", device=0, code="Y", reason="fault"))
+        ledger.record(DeviceReturned(node="node-2", device=1, reason="released by an operator"))
         ledger.set_status(JobStatus("j", JobPhase.SUCCEEDED, 1, 80, 80, (), 100.0, 200.0))
     return tmp_path
 
@@ -28,10 +42,17 @@ def test_status_names_the_nodes_placed_on_last(
 ) -> None:
     assert main(["status", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "pool:        node node-1 placed on last (sub-healthy: 80E20207)\n" in out
+    assert (
+        "pool:        node node-1 placed on last (sub-healthy: 80E20207)\n"
+        "pool:        device 0 of node-2 out of the pool (ManuallySeparate: out until released "
+        "(unbroken release))\n"
+    ) in out
     assert main(["status", str(run), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["pool"]["placed_last"] == {"node-1": "sub-healthy: 80E20207"}
+    assert data["pool"] == {
+        "placed_last": {"node-1": "sub-healthy: 80E20207"},
+        "held": {"node-2/0": "ManuallySeparate: out until released (unbroken release)"},
+    }
 
 
 def test_status_has_no_pool_line_when_nothing_is_placed_last(
