@@ -31,6 +31,16 @@ unbroken-hotswitch ``bench/jobs/hot-switch.yaml`` (grace, subHealthyStrategy hot
                    backup pod is placed on the spare node, then the pod is switched at a step
                    boundary; the ledger's ``PodHotSwitched.switch_s`` (how long training stood
                    still) is reported beside the MTTR, which includes the poll's delay
+unbroken-elastic   ``bench/jobs/elastic.yaml`` (grace, recover-strategy elastic-training, the
+                   worker pod's minReplicas 0) on ``bench/jobs/cluster-no-spare.yaml``, with a
+                   different fault: rank 3's node is lost after step K (chaos ``node``) and
+                   comes back a few steps later (chaos ``node`` with ``clear``); the job scales
+                   in to the master pod's 2 ranks, then out to 4 again. The script runs with
+                   ``--virtual-ranks=4`` (``examples/train_elastic.py``), so the digest is
+                   compared with its own fault-free baseline, ``unbroken-vranks``; its MTTR is
+                   the scale-in (fault -> ranks 0 and 1 committed a step past K), and the
+                   ledger's ``ScaledIn.took_s`` and ``ScaledOut.took_s`` and rank 0's median
+                   step time while scaled in and at full size are reported beside it
 unbroken-stress    ``bench/jobs/recover.yaml`` with a different fault: after step K rank 3's
                    device computes wrong while its health stays good (chaos ``sdc``) and an
                    online stress test is asked for (chaos ``stress-test``); the test finds the
@@ -43,7 +53,8 @@ torchrun-nss       the same with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the w
                    restarted ranks reading dead ranks' addresses from the shared store)
 =================  =========================================================================
 
-plus one fault-free baseline per tool (its final digest and step time). Unbroken fires the kill
+plus one fault-free baseline per tool (its final digest and step time), and one of the elastic
+job when ``unbroken-elastic`` runs. Unbroken fires the kill
 with its own chaos entry ``{kind: kill, rank: 3, at_step: K}``; under torchrun the step log's
 ``BENCH_KILL=3:K`` does the same at the same spot (torchrun has no such hook). The retry
 configuration's ``{kind: memory, rank: 3, at_step: K}`` fires at the same spot too.
@@ -91,7 +102,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from recovery_bench.configs import BASELINES, CONFIGS, Config, Settings
+from recovery_bench.configs import BASELINES, CONFIGS, Config, Settings, baselines_for
 from recovery_bench.report import markdown, run_line, table
 from recovery_bench.runs import RunResult, run_one
 
@@ -161,9 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     plan: list[tuple[Config, bool, int]] = []
+    baselines = baselines_for(a.configs)
     for rep in range(max(s.repeats, a.baseline_repeats)):
         if rep < a.baseline_repeats:
-            plan += [(b, False, rep) for b in BASELINES]
+            plan += [(b, False, rep) for b in baselines]
         if rep < s.repeats:
             plan += [(c, True, rep) for c in CONFIGS if c.key in a.configs]
     results: list[RunResult] = []
@@ -176,12 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the run in progress was stopped", file=sys.stderr)
     reference = {
-        b.tool: next((r.digest for r in results if r.config == b.key and not r.faulted), None)
+        b.key: next((r.digest for r in results if r.config == b.key and not r.faulted), None)
         for b in BASELINES
     }
-    tool_of = {c.key: c.tool for c in CONFIGS}
+    reference_of = {c.key: c.reference for c in CONFIGS} | {b.key: b.key for b in BASELINES}
     for r in results:
-        ref = reference.get(tool_of.get(r.config, r.config))
+        ref = reference.get(reference_of.get(r.config, r.config))
         if r.digest is not None and ref is not None:
             r.equal = r.digest == ref
         elif r.faulted:

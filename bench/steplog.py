@@ -1,5 +1,10 @@
 """Run ``examples/train_mlp.py`` unchanged, with a per-step progress log the benchmark reads.
 
+With ``--virtual-ranks V`` it runs ``examples/train_elastic.py --virtual-ranks V`` instead: the
+same MLP, batches and arguments, trained by ``V`` virtual data-parallel ranks that the
+processes host between them, so a run that scaled in and out ends with the model of a run
+that never changed its size (the elastic configuration's digest check).
+
 ``bench/recovery.py`` launches this file in place of the example under every launcher it
 compares (``unbroken launch`` and plain ``torchrun``), so recovery is measured the same way for
 all of them, from outside the launcher:
@@ -18,10 +23,12 @@ generator; the step body, the commit and the checkpoints are the example's own. 
 costs one ``write`` per step.
 
     python bench/steplog.py --steps 200 --ckpt-dir ckpt --ckpt-every 20 --result result.json
+    python bench/steplog.py --virtual-ranks 4 --steps 200 --result result.json
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import runpy
 import signal
@@ -31,9 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from unbroken.worker.session import Session
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mlp.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE = EXAMPLES / "train_mlp.py"
+ELASTIC_EXAMPLE = EXAMPLES / "train_elastic.py"
 LOG_DIR = Path("steplog")
 KILL = "BENCH_KILL"
 
@@ -56,6 +63,8 @@ def _claim(marker: Path) -> bool:
 
 
 def _install(log: TextIO, rank: int, kill: tuple[int, int] | None) -> None:
+    from unbroken.worker.session import Session  # torch: only in the training process
+
     original = Session.steps
 
     def steps(self: Session, total: int) -> Iterator[int]:
@@ -71,15 +80,24 @@ def _install(log: TextIO, rank: int, kill: tuple[int, int] | None) -> None:
     Session.steps = steps  # type: ignore[method-assign]
 
 
+def example(argv: list[str]) -> Path:
+    """The example that ``argv`` (this script's arguments, passed through) runs."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--virtual-ranks", type=int, default=0)
+    known, _ = p.parse_known_args(argv)
+    return ELASTIC_EXAMPLE if known.virtual_ranks > 0 else EXAMPLE
+
+
 def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     LOG_DIR.mkdir(exist_ok=True)
     log = open(LOG_DIR / f"rank{rank}-{os.getpid()}.log", "a", buffering=1)  # noqa: SIM115
     log.write(f"{time.time():.6f} begin 0\n")
     _install(log, rank, _kill_spec())
-    sys.argv = [str(EXAMPLE), *sys.argv[1:]]
-    sys.path.insert(0, str(EXAMPLE.parent))
-    runpy.run_path(str(EXAMPLE), run_name="__main__")
+    script = example(sys.argv[1:])
+    sys.argv = [str(script), *sys.argv[1:]]
+    sys.path.insert(0, str(script.parent))
+    runpy.run_path(str(script), run_name="__main__")
 
 
 if __name__ == "__main__":

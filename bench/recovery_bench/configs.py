@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent.parent  # bench/
 JOBS = HERE / "jobs"
 STEPLOG = HERE / "steplog.py"
 WORLD = 4
+PER_POD = 2  # ranks per pod: pod p holds ranks p*2 and p*2+1
 VICTIM = 3
 SCRIPT_NAME = "steplog.py"  # the job YAMLs name the training script by this file name
 
@@ -26,6 +27,13 @@ class Config:
     no_share_store: bool = False  # torchrun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     fault: str = "kill"  # the chaos kind fired in rank 3 after step K (Unbroken only)
     cluster: str | None = None  # cluster YAML under bench/jobs (unbroken), else the default
+    script_args: tuple[str, ...] = ()  # more arguments to bench/steplog.py
+    baseline: str = ""  # the fault-free baseline whose digest it must end with; "": the tool's
+
+    @property
+    def reference(self) -> str:
+        """The key of the baseline this configuration's final digest is compared with."""
+        return self.baseline or self.tool
 
 
 CONFIGS: tuple[Config, ...] = (
@@ -57,6 +65,16 @@ CONFIGS: tuple[Config, ...] = (
         "recover.yaml",
         fault="sdc",
     ),
+    Config(
+        "unbroken-elastic",
+        "Unbroken elastic-training (node lost, no spare)",
+        "unbroken",
+        "elastic.yaml",
+        fault="node",
+        cluster="cluster-no-spare.yaml",
+        script_args=(f"--virtual-ranks={WORLD}",),
+        baseline="unbroken-vranks",
+    ),
     Config("torchrun", "torchrun (defaults)", "torchrun"),
     Config(
         "torchrun-nss",
@@ -68,7 +86,21 @@ CONFIGS: tuple[Config, ...] = (
 BASELINES: tuple[Config, ...] = (
     Config("unbroken", "Unbroken (job-level.yaml, no fault)", "unbroken", "job-level.yaml"),
     Config("torchrun", "torchrun (defaults, no fault)", "torchrun"),
+    Config(
+        "unbroken-vranks",
+        f"Unbroken (elastic.yaml, {WORLD} virtual ranks, no fault)",
+        "unbroken",
+        "elastic.yaml",
+        cluster="cluster-no-spare.yaml",
+        script_args=(f"--virtual-ranks={WORLD}",),
+    ),
 )
+
+
+def baselines_for(chosen: list[str]) -> list[Config]:
+    """The fault-free baselines to run: each tool's, and any a chosen configuration names."""
+    named = {c.baseline for c in CONFIGS if c.key in chosen}
+    return [b for b in BASELINES if b.key in ("unbroken", "torchrun") or b.key in named]
 
 
 @dataclass(frozen=True)
@@ -85,6 +117,12 @@ class Settings:
     def expected_recomputed(self) -> int:
         """Steps recomputed by a restart from the newest checkpoint (process-level: none)."""
         return self.kill_step - (self.kill_step // self.ckpt_every) * self.ckpt_every
+
+    @property
+    def clear_step(self) -> int:
+        """The elastic configuration's lost node is back once the job has committed this step
+        (a few steps at the smaller size, and room left to scale out and train at full size)."""
+        return self.kill_step + max(3, (self.steps - self.kill_step) // 5)
 
     def script_args(self) -> list[str]:
         return [

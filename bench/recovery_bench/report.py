@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 
-from recovery_bench.configs import BASELINES, CONFIGS, VICTIM, Settings
+from recovery_bench.configs import BASELINES, CONFIGS, VICTIM, WORLD, Settings
 from recovery_bench.runs import RunResult
 
 
@@ -138,14 +138,60 @@ def markdown(results: Sequence[RunResult], s: Settings, load: tuple[float, float
         missing = len(runs) - sum(1 for r in runs if r.recovered)
         if missing:
             shown_mttr += f" ({missing} of {len(runs)} runs not recovered)"
+        if c.fault == "node":
+            label = f"{label}: scale-in"
         rows.append(f"| {label} | {shown_mttr} | {shown_recomputed} | {model} |")
+        if c.fault == "node":
+            rows.append(_scale_out_row(c.label, runs, model))
     rows.append("")
     rows.append(
         f"Medians of {s.repeats} alternating run(s) per configuration; {s.steps} steps, rank "
         f"{VICTIM} killed after step {s.kill_step}, checkpoint every {s.ckpt_every}; load "
         f"average {load[0]:.1f} before, {load[1]:.1f} after."
     )
+    elastic = [r for r in results if r.faulted and r.elastic is not None]
+    if elastic:
+        rows.append("")
+        rows.append(_elastic_sentence(elastic, s))
     return "\n".join(rows)
+
+
+def _scale_out_row(label: str, runs: Sequence[RunResult], model: str) -> str:
+    """The elastic configuration's second row: the node back, the job whole again."""
+    took = _median(r.elastic.scale_out_s for r in runs if r.elastic is not None)
+    out = sum(1 for r in runs if r.elastic is not None and r.elastic.scaled_out)
+    if took is None:
+        return f"| {label}: scale-out (node back) | never scaled out | - | {model} |"
+    shown = f"{took:.2f} s"
+    if out < len(runs):
+        shown += f" ({len(runs) - out} of {len(runs)} runs never scaled out)"
+    return f"| {label}: scale-out (node back) | {shown} | 0 | {model} |"
+
+
+def _elastic_sentence(runs: Sequence[RunResult], s: Settings) -> str:
+    """How the elastic row was measured, and rank 0's step time at each size."""
+    figures = [r.elastic for r in runs if r.elastic is not None]
+    scale_in = _median(f.scale_in_s for f in figures)
+    shrunk = _median(f.shrunk_step_ms for f in figures)
+    full = _median(f.full_step_ms for f in figures)
+    size = next((f.shrunk_size for f in figures if f.shrunk_size is not None), None)
+    steps = _median(float(f.shrunk_steps) for f in figures)
+    if steps is None:
+        return "Elastic-training: no run scaled in."
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f} ms"
+
+    regroup = "-" if scale_in is None else f"{scale_in:.2f} s"
+    return (
+        f"Elastic-training: rank {VICTIM}'s node lost after step {s.kill_step} with no spare "
+        f"node, back after step {s.clear_step}; {WORLD} virtual ranks, the digest compared "
+        "with the same job's fault-free run. Scale-in: the fault -> every rank of the smaller "
+        f"world committed a step (detection included; the regroup alone, ScaledIn.took_s: "
+        f"{regroup}); scale-out: ScaledOut.took_s, the pause at a step boundary -> the first "
+        f"step of the whole world. Median step of rank 0: {ms(shrunk)} scaled in to world size "
+        f"{size if size is not None else '-'} ({steps:g} steps), {ms(full)} at full size."
+    )
 
 
 def table(results: Sequence[RunResult], s: Settings) -> str:
@@ -164,7 +210,8 @@ def table(results: Sequence[RunResult], s: Settings) -> str:
             f"{spread((r.step_ms for r in runs), '{:.1f}'):<22}"
             f"{spread((r.wall_s for r in runs), '{:.1f}'):<20}"
         )
-    refs = {r.digest for r in results if not r.faulted and r.digest}
+    tools = ("unbroken", "torchrun")  # the same script; other baselines train another one
+    refs = {r.digest for r in results if not r.faulted and r.digest and r.config in tools}
     if len(refs) > 1:
         out.append("  (the tools' fault-free digests differ)")
     elif refs:
@@ -220,6 +267,8 @@ def table(results: Sequence[RunResult], s: Settings) -> str:
             "  stress test, training stood still (StressTestFinished.paused_s: the request -> "
             f"the first step committed after the test and the recovery it caused): {stood} s"
         )
+    if any(c.fault == "node" for c in faulted):
+        out += _elastic_lines(results, s)
 
     out.append("")
     out.append(
@@ -276,6 +325,24 @@ def table(results: Sequence[RunResult], s: Settings) -> str:
     return "\n".join(out)
 
 
+def _elastic_lines(results: Sequence[RunResult], s: Settings) -> list[str]:
+    runs = [r for r in results if r.faulted and r.elastic is not None]
+    figures = [r.elastic for r in runs if r.elastic is not None]
+    return [
+        f"  (Unbroken elastic-training: not a SIGKILL; after step {s.kill_step} rank {VICTIM}'s "
+        f"node is lost with no spare node, and back after step {s.clear_step}; MTTR is the "
+        "scale-in: the fault -> every rank of the smaller world committed a step; digest "
+        f"compared with the same job's fault-free run, {WORLD} virtual ranks)",
+        f"  elastic: scaled in {_count(runs, lambda r: bool(r.elastic and r.elastic.scaled_in))}"
+        f", regroup (ScaledIn.took_s) {spread(f.scale_in_s for f in figures)} s; scaled out "
+        f"{_count(runs, lambda r: bool(r.elastic and r.elastic.scaled_out))}, "
+        f"ScaledOut.took_s {spread(f.scale_out_s for f in figures)} s",
+        f"  elastic: rank 0's median step {spread((f.shrunk_step_ms for f in figures), '{:.1f}')}"
+        f" ms scaled in ({spread((f.shrunk_steps for f in figures), '{}')} steps), "
+        f"{spread((f.full_step_ms for f in figures), '{:.1f}')} ms at full size",
+    ]
+
+
 def run_line(r: RunResult) -> str:
     what = "fault" if r.faulted else "no fault"
     parts = [f"{r.config:<16} #{r.repeat} {what:<9}"]
@@ -296,6 +363,13 @@ def run_line(r: RunResult) -> str:
             parts.append(f"switch {r.ledger['switch_s']:.2f} s (training stood still)")
         if r.ledger.get("paused_s") is not None:
             parts.append(f"stress test paused {r.ledger['paused_s']:.2f} s")
+        if r.elastic is not None:
+            e = r.elastic
+            took = [f"{t:.2f} s" for t in (e.scale_in_s, e.scale_out_s) if t is not None]
+            parts.append(
+                f"scaled in {'yes' if e.scaled_in else 'no'}, out {'yes' if e.scaled_out else 'no'}"
+                + (f" (took {' / '.join(took)})" if took else "")
+            )
     if r.step_ms is not None:
         parts.append(f"step {r.step_ms:.1f} ms")
     if r.equal is not None:

@@ -25,7 +25,16 @@ from recovery_bench.configs import (
     Settings,
 )
 from recovery_bench.procs import Tapped, Tracker, base_env, free_port
-from recovery_bench.steplogs import fault_time, read_steplogs, recovery, step_ms
+from recovery_bench.steplogs import (
+    ElasticFigures,
+    Incarnation,
+    elastic_figures,
+    fault_time,
+    read_steplogs,
+    recovery,
+    shrunk_mttr,
+    step_ms,
+)
 
 #: A SubHealth device code (the reference's list): what the hot-switch configuration injects.
 SUB_HEALTH_CODE = "80E20207"
@@ -59,6 +68,7 @@ class RunResult:
     loop_s: float | None = None  # fault -> every new process in the training loop
     ledger: dict[str, Any] = field(default_factory=dict)
     load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at start and end
+    elastic: ElasticFigures | None = None  # the elastic configuration's scale-in and scale-out
 
 
 def render_job(config: Config, s: Settings, run_dir: Path) -> Path:
@@ -69,7 +79,12 @@ def render_job(config: Config, s: Settings, run_dir: Path) -> Path:
         for container in replica["template"]["spec"]["containers"]:
             cmd = [str(c) for c in container["command"]]
             at = next(i for i, c in enumerate(cmd) if Path(c).name == SCRIPT_NAME)
-            container["command"] = [*cmd[:at], str(STEPLOG), *s.script_args()]
+            container["command"] = [
+                *cmd[:at],
+                str(STEPLOG),
+                *s.script_args(),
+                *config.script_args,
+            ]
     path = run_dir / "job.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -87,6 +102,9 @@ def launch_unbroken(
         if config.fault == "subhealth":  # rank 3's device: device 1 of node-1
             fault = {"kind": "device", "node": "node-1", "device": 1, "code": SUB_HEALTH_CODE}
             faults = [{**fault, "at_step": s.kill_step}]
+        if config.fault == "node":  # rank 3's node is lost, then back (no spare node)
+            lost = {"kind": "node", "node": "node-1", "at_step": s.kill_step}
+            faults = [lost, {**lost, "at_step": s.clear_step, "clear": True}]
         if config.fault == "sdc":  # rank 3's device computes wrong; a stress test finds it
             sdc = {"kind": "sdc", "node": "node-1", "device": 1, "at_step": s.kill_step}
             faults = [sdc, {"kind": "stress-test", "at_step": s.kill_step}]
@@ -195,6 +213,16 @@ def _ledger_figures(run_dir: Path) -> dict[str, Any]:
     if switched:
         out["switch_s"] = switched[0].data["switch_s"]
         out["prepare_s"] = switched[0].data["prepare_s"]
+    injected = [r.at for r in records if r.kind == "FaultInjected" and r.data["fault"] == "node"]
+    if injected:
+        out["node_lost_at"] = injected[0]  # recorded right after the chaos SIGKILLs
+    for kind in ("ScaledIn", "ScaledOut"):  # the elastic rung's changes of world size
+        out[kind] = [
+            {k: r.data[k] for k in ("from_world_size", "world_size", "step", "took_s")}
+            | {"at": r.at}
+            for r in records
+            if r.kind == kind
+        ]
     stressed = [r for r in records if r.kind == StressTestFinished.kind]
     if stressed:
         out["paused_s"] = stressed[0].data["paused_s"]
@@ -210,6 +238,14 @@ def _ledger_figures(run_dir: Path) -> dict[str, Any]:
             phases_s={p.name: p.duration_s for p in inc.phases if p.duration_s is not None},
         )
     return out
+
+
+def _mttr(config: Config, incs: list[Incarnation], fault_at: float, kill_step: int) -> float | None:
+    """Fault -> training goes on: every rank committed a step after the fault; for the elastic
+    configuration, every rank of the smaller world (scaling out comes later, on its own)."""
+    if config.fault == "node":
+        return shrunk_mttr(incs, fault_at, kill_step)
+    return recovery(incs, fault_at, kill_step).mttr_s
 
 
 def run_one(config: Config, s: Settings, run_dir: Path, faulted: bool, repeat: int) -> RunResult:
@@ -233,7 +269,7 @@ def run_one(config: Config, s: Settings, run_dir: Path, faulted: bool, repeat: i
         fault_at = fault_at or fault_time(incs, s.kill_step)
         if fault_at is None or time.time() - fault_at < s.recovery_timeout_s:
             continue
-        if recovery(incs, fault_at, s.kill_step).mttr_s is None:
+        if _mttr(config, incs, fault_at, s.kill_step) is None:
             res.stopped = f"not recovered {s.recovery_timeout_s:.0f} s after the fault"
             break
     end = time.time()
@@ -260,9 +296,12 @@ def run_one(config: Config, s: Settings, run_dir: Path, faulted: bool, repeat: i
 
     incs = read_steplogs(run_dir / "steplog")
     fault_at = fault_time(incs, s.kill_step) if faulted else None
-    res.step_ms = step_ms(incs, fault_at)
     if config.tool == "unbroken":
         res.ledger = _ledger_figures(run_dir)
+    if faulted and config.fault == "node":
+        # A lost node leaves no mark in its ranks' step logs: the chaos kill's own time.
+        fault_at = res.ledger.get("node_lost_at")
+    res.step_ms = step_ms(incs, fault_at)
     if fault_at is None:
         return res
     res.fault_at = fault_at
@@ -271,8 +310,10 @@ def run_one(config: Config, s: Settings, run_dir: Path, faulted: bool, repeat: i
     res.new_ranks, res.kept_ranks = rec.new_ranks, rec.kept_ranks
     res.redone = max((i.redone for i in incs), default=0)
     res.began_s, res.loop_s = rec.began_s, rec.loop_s
-    res.mttr_s = rec.mttr_s
-    res.recovered = rec.mttr_s is not None
+    res.mttr_s = _mttr(config, incs, fault_at, s.kill_step)
+    res.recovered = res.mttr_s is not None
+    if config.fault == "node":
+        res.elastic = elastic_figures(incs, fault_at, res.ledger)
     res.resumed_from = rec.resumed_from
     if rec.resumed_from is not None and res.recovered:
         # A hot switch resumes past the fault's step: training went on until the switch.

@@ -9,8 +9,9 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from recovery_bench.configs import VICTIM, WORLD
+from recovery_bench.configs import PER_POD, VICTIM, WORLD
 
 
 @dataclass(frozen=True)
@@ -168,3 +169,66 @@ def step_ms(incs: Iterable[Incarnation], before: float | None) -> float | None:
     times.sort()
     gaps = [b - a for a, b in itertools.pairwise(times)]
     return statistics.median(gaps) * 1000 if gaps else None
+
+
+def shrunk_mttr(incs: Sequence[Incarnation], fault_at: float, kill_step: int) -> float | None:
+    """Fault -> every rank outside the victim's pod committed a step past the kill step in the
+    process it had before the fault: the job trains on at its smaller size (the elastic
+    configuration's scale-in, detection included). None until they all have."""
+    survivors = [r for r in range(WORLD) if r // PER_POD != VICTIM // PER_POD]
+    first: dict[int, float] = {}
+    for inc in incs:
+        if inc.rank not in survivors or inc.began_at > fault_at:
+            continue
+        after = [when for when, n in inc.done if when > fault_at and n > kill_step]
+        if after:
+            first[inc.rank] = min(first.get(inc.rank, after[0]), after[0])
+    return _every(survivors, first, fault_at)
+
+
+@dataclass(frozen=True)
+class ElasticFigures:
+    """The elastic configuration's run: its changes of world size (the ledger's ``ScaledIn``
+    and ``ScaledOut``) and rank 0's median step time at each size (step logs)."""
+
+    scaled_in: bool
+    scaled_out: bool
+    shrunk_size: int | None
+    scale_in_s: float | None  # ScaledIn.took_s: the decision -> the first step at the smaller size
+    scale_out_s: float | None  # ScaledOut.took_s: the pause -> the first step at full size
+    shrunk_step_ms: float | None  # median step of rank 0 while scaled in
+    full_step_ms: float | None  # median step of rank 0 at full size (before the fault, after)
+    shrunk_steps: int  # steps committed while scaled in
+
+
+def _median_gap_ms(times: Sequence[float]) -> float | None:
+    gaps = [b - a for a, b in itertools.pairwise(sorted(times))]
+    return statistics.median(gaps) * 1000 if gaps else None
+
+
+def elastic_figures(
+    incs: Iterable[Incarnation], fault_at: float, ledger: dict[str, Any]
+) -> ElasticFigures:
+    """Rank 0's steps split by world size: full before the fault, scaled in from the first
+    step at the smaller size (``ScaledIn.at``) to the pause before scaling out
+    (``ScaledOut.at - took_s``), full again from the first step of the whole world."""
+    ins = ledger.get("ScaledIn") or []
+    outs = ledger.get("ScaledOut") or []
+    done = sorted((t, n) for inc in incs if inc.rank == 0 for t, n in inc.done)
+    shrunk: list[float] = []
+    if ins:
+        paused_at = outs[0]["at"] - outs[0]["took_s"] if outs else float("inf")
+        shrunk = [t for t, _ in done if ins[0]["at"] <= t <= paused_at]
+    before = [t for t, _ in done if t <= fault_at]
+    after = [t for t, _ in done if outs and t >= outs[0]["at"]]
+    full = [g for part in (before, after) for g in itertools.pairwise(part)]
+    return ElasticFigures(
+        scaled_in=bool(ins),
+        scaled_out=bool(outs),
+        shrunk_size=ins[0]["world_size"] if ins else None,
+        scale_in_s=ins[0]["took_s"] if ins else None,
+        scale_out_s=outs[0]["took_s"] if outs else None,
+        shrunk_step_ms=_median_gap_ms(shrunk),
+        full_step_ms=statistics.median(b - a for a, b in full) * 1000 if full else None,
+        shrunk_steps=len(shrunk),
+    )
