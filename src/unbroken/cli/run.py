@@ -26,7 +26,7 @@ from unbroken.ledger import Ledger, LedgerError, format_incidents, incidents
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
 from unbroken.operator import plan as make_plan
-from unbroken.spec import ClusterSpec, JobSpec, SpecError, load_cluster, load_job
+from unbroken.spec import ClusterSpec, HotReset, JobSpec, SpecError, load_cluster, load_job
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -192,6 +192,7 @@ def _run_in(
         list_watch_period_s=cluster.list_watch_period_s,
         auto_stowing=cluster.auto_stowing,
         code_table=args.codes,
+        offline_reset=cluster.hot_reset is HotReset.OFFLINE,
     )
     opts = ManagerOptions(
         agent_timeout_s=args.agent_timeout,

@@ -20,18 +20,22 @@ from unbroken.devices.health import (
 )
 from unbroken.devices.monitor import DeviceMonitor, DeviceWatcher
 from unbroken.devices.sim import (
+    RESET_S_DEFAULT,
     InjectedFault,
     NodeState,
+    Reset,
     SimProvider,
     clear_device_fault,
     inject_device_fault,
     inject_silent_fault,
     read_node_state,
+    reset_device,
     silent_fault,
     state_path,
 )
 
 __all__ = [
+    "RESET_S_DEFAULT",
     "DeviceEvent",
     "DeviceFaulted",
     "DeviceHealth",
@@ -42,11 +46,13 @@ __all__ = [
     "HealthProvider",
     "InjectedFault",
     "NodeState",
+    "Reset",
     "SimProvider",
     "clear_device_fault",
     "inject_device_fault",
     "inject_silent_fault",
     "read_node_state",
+    "reset_device",
     "silent_fault",
     "state_path",
 ]

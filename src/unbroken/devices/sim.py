@@ -6,7 +6,11 @@ Each node's device state is one JSON file, ``<state_dir>/<node>.json``::
      "faults": {"0": {"code": "80E01801", "detail": "injected", "at": 1767225600.0}}}
 
 A device listed under ``faults`` is unhealthy with that code since ``at``; every other device
-is healthy. A device listed under ``silent`` (an optional object of the same shape) computes
+is healthy. A device listed under ``resets`` (an optional object: ``{"1": {"code": "80E18005",
+"at": ..., "until": ...}}``) is being reset (the device plugin's ``-hotReset=2``,
+:func:`reset_device`): the reset took its fault away, and it stays unavailable, reporting the
+fault's code, until ``until``; then it is healthy. A reset is modelled by its duration alone.
+A device listed under ``silent`` (an optional object shaped like ``faults``) computes
 wrong without saying so, as silent data corruption does: its health stays good and only a
 compute check finds it, the online stress test's device check (:mod:`unbroken.worker.stress`
 reads :func:`silent_fault` and perturbs the product it computes on such a device).
@@ -26,7 +30,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +38,8 @@ from typing import Any
 
 from unbroken.devices.health import DeviceHealth, DeviceStateError
 
+#: How long a simulated device reset keeps the device unavailable (``-hotReset=2``).
+RESET_S_DEFAULT = 2.0
 FORMAT = "unbroken-sim-devices"
 VERSION = 1
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -56,18 +62,33 @@ class NodeState:
     devices: int
     faults: Mapping[int, InjectedFault]
     silent: Mapping[int, InjectedFault] = field(default_factory=dict)
+    resets: Mapping[int, Reset] = field(default_factory=dict)
 
-    def health(self) -> tuple[DeviceHealth, ...]:
+    def health(self, now: float) -> tuple[DeviceHealth, ...]:
         out = []
         for d in range(self.devices):
             fault = self.faults.get(d)
-            if fault is None:
-                out.append(DeviceHealth(self.node, d, healthy=True))
-            else:
+            reset = self.resets.get(d)
+            if fault is not None:
                 out.append(
                     DeviceHealth(self.node, d, False, fault.code, fault.detail, since_at=fault.at)
                 )
+            elif reset is not None and now < reset.until:
+                detail = f"resetting until {reset.until:.3f}"
+                out.append(DeviceHealth(self.node, d, False, reset.code, detail, since_at=reset.at))
+            else:
+                out.append(DeviceHealth(self.node, d, healthy=True))
         return tuple(out)
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A reset of one simulated device: it took the fault ``code`` away at ``at`` and the
+    device is unavailable until ``until``."""
+
+    code: str
+    at: float
+    until: float
 
 
 class SimProvider:
@@ -77,9 +98,12 @@ class SimProvider:
     injected before the run started) is kept when it describes the same number of devices.
     """
 
-    def __init__(self, state_dir: Path, nodes: Mapping[str, int]) -> None:
+    def __init__(
+        self, state_dir: Path, nodes: Mapping[str, int], clock: Callable[[], float] = time.time
+    ) -> None:
         self._dir = Path(state_dir)
         self._nodes = dict(nodes)
+        self._clock = clock
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -107,8 +131,9 @@ class SimProvider:
 
     def poll(self) -> tuple[DeviceHealth, ...]:
         out: list[DeviceHealth] = []
+        now = self._clock()
         for node in self._nodes:
-            out.extend(_read(state_path(self._dir, node), node).health())
+            out.extend(_read(state_path(self._dir, node), node).health(now))
         return tuple(out)
 
 
@@ -146,8 +171,29 @@ def clear_device_fault(state_dir: Path, node: str, device: int) -> bool:
             return False
         faults = {d: f for d, f in state.faults.items() if d != device}
         silent = {d: f for d, f in state.silent.items() if d != device}
-        _write(state_path(Path(state_dir), node), NodeState(node, state.devices, faults, silent))
+        _write(
+            state_path(Path(state_dir), node),
+            NodeState(node, state.devices, faults, silent, state.resets),
+        )
         return True
+
+
+def reset_device(state_dir: Path, node: str, device: int, at: float, reset_s: float) -> Reset:
+    """Reset a simulated device at ``at`` (``-hotReset=2``): its fault is gone, and it is
+    unavailable (reporting the fault's code) for ``reset_s`` seconds; then it is healthy."""
+    if not reset_s >= 0:
+        raise ValueError(f"a device reset takes >= 0 s, got {reset_s}")
+    with _locked(Path(state_dir), node):
+        state = _read_existing(Path(state_dir), node)
+        _check_device(state, device)
+        fault = state.faults.get(device)
+        if fault is None:
+            raise ValueError(f"device {device} of {node} reports no fault; nothing to reset")
+        reset = Reset(fault.code, at, at + reset_s)
+        faults = {d: f for d, f in state.faults.items() if d != device}
+        resets = {**state.resets, device: reset}
+        _write(state_path(Path(state_dir), node), replace(state, faults=faults, resets=resets))
+        return reset
 
 
 def inject_silent_fault(
@@ -229,9 +275,34 @@ def _parse(raw: Any, node: str) -> NodeState:
     silent_raw = raw.get("silent", {})
     if not isinstance(silent_raw, dict):
         raise ValueError(f"'silent' is {silent_raw!r}, expected an object")
+    resets_raw = raw.get("resets", {})
+    if not isinstance(resets_raw, dict):
+        raise ValueError(f"'resets' is {resets_raw!r}, expected an object")
     return NodeState(
-        node, devices, _parse_faults(faults_raw, devices), _parse_faults(silent_raw, devices)
+        node,
+        devices,
+        _parse_faults(faults_raw, devices),
+        _parse_faults(silent_raw, devices),
+        _parse_resets(resets_raw, devices),
     )
+
+
+def _parse_resets(resets_raw: dict[Any, Any], devices: int) -> dict[int, Reset]:
+    resets: dict[int, Reset] = {}
+    for key, value in resets_raw.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < devices):
+            raise ValueError(f"reset key {key!r} is not a device index below {devices}")
+        if not isinstance(value, dict):
+            raise ValueError(f"reset of device {key} is {value!r}, expected an object")
+        code, at, until = value.get("code"), value.get("at"), value.get("until")
+        if not isinstance(code, str) or not code:
+            raise ValueError(f"reset of device {key}: 'code' is {code!r}, expected a string")
+        for name, stamp in (("at", at), ("until", until)):
+            if not isinstance(stamp, int | float) or isinstance(stamp, bool):
+                raise ValueError(f"reset of device {key}: {name!r} is {stamp!r}, expected a time")
+        assert isinstance(at, int | float) and isinstance(until, int | float)
+        resets[int(key)] = Reset(code, float(at), float(until))
+    return resets
 
 
 def _parse_faults(faults_raw: dict[Any, Any], devices: int) -> dict[int, InjectedFault]:
@@ -263,6 +334,11 @@ def _write(path: Path, state: NodeState) -> None:
             for d, f in sorted(state.faults.items())
         },
     }
+    if state.resets:
+        data["resets"] = {
+            str(d): {"code": r.code, "at": r.at, "until": r.until}
+            for d, r in sorted(state.resets.items())
+        }
     if state.silent:
         data["silent"] = {
             str(d): {"code": f.code, "detail": f.detail, "at": f.at}

@@ -249,6 +249,26 @@ class NodeDeprioritised(Event):
 
 
 @dataclass(frozen=True)
+class DeviceResetStarted(Event):
+    """A device whose fault level resets it is being reset (``-hotReset=2``), out of the pool
+    for the reset, ``reset_s`` as the device reports it (the ``sim`` provider models it)."""
+
+    node: str
+    device: int
+    code: str
+    reset_s: float
+
+
+@dataclass(frozen=True)
+class DeviceReset(Event):
+    """A device's reset is over: it reports healthy, ``took_s`` after the reset began."""
+
+    node: str
+    device: int
+    took_s: float
+
+
+@dataclass(frozen=True)
 class DeviceReturned(Event):
     """An isolated device went back to the pool (healthy again with autoStowing, or by hand)."""
 

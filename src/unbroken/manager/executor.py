@@ -41,12 +41,20 @@ from typing import Any, Protocol
 
 from unbroken.agent.image import Image
 from unbroken.chaos import ChaosFault
-from unbroken.devices import DeviceFaulted, DeviceRecovered
+from unbroken.devices import (
+    DeviceFaulted,
+    DeviceRecovered,
+    DeviceStateError,
+    Reset,
+    reset_device,
+)
 from unbroken.faults import CodeTable, Fault, FaultKind, FaultLevel
 from unbroken.ledger import (
     CheckpointSaved,
     DecisionMade,
     DeviceIsolated,
+    DeviceReset,
+    DeviceResetStarted,
     DeviceReturned,
     Ledger,
     NodeDeprioritised,
@@ -168,6 +176,11 @@ class ExecutorHost(Protocol):
 
     def finish(self, succeeded: bool, reason: str) -> None: ...
 
+    @property
+    def sim_dir(self) -> Path:
+        """Where the ``sim`` health provider keeps the devices' state."""
+        ...
+
     def fault_detected(self, fault: Fault, now: float) -> None: ...
 
 
@@ -231,6 +244,8 @@ class Executor:
         )
         #: Devices the health provider reports faulty now, with their codes.
         self.faulty_devices: dict[tuple[str, int], str] = {}
+        #: Devices being reset (``-hotReset=2``), until they report healthy.
+        self.resetting: dict[tuple[str, int], Reset] = {}
         #: The policy's state, fed only here.
         self.policy_state: JobState = Running()
         #: The policy generation of the rung being carried out, and of the rung that began
@@ -343,6 +358,15 @@ class Executor:
             if self.pending_dump is not None:
                 self.pending_dump = replace(self.pending_dump, then=tuple(commands[i:]))
                 return
+            waits = self._reset_wait(cmd)
+            if waits is not None:
+                until, what = waits
+                self.held = (until, tuple(commands[i:]))
+                self.console.line(
+                    f"{type(cmd).__name__} waits {until - now:.1f} s for the reset of {what} "
+                    "(hotReset=2: a device is reset before it is used again)"
+                )
+                return
             if isinstance(cmd, BackOff):
                 self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
                 self.console.line(
@@ -351,6 +375,18 @@ class Executor:
                 )
                 return
             self.execute(cmd, now)
+
+    def _reset_wait(self, cmd: Command) -> tuple[float, str] | None:
+        """A rung that restarts ranks on the devices they hold waits until every one of those
+        devices being reset is done: when, and which devices."""
+        if not isinstance(cmd, RestartProcesses | RestartInPlace | RetryOnline):
+            return None
+        held = {(b.node, d) for b in self.cluster.bindings.values() for d in b.devices}
+        busy = {k: r for k, r in self.resetting.items() if k in held and r.until > self.clock()}
+        if not busy:
+            return None
+        what = ", ".join(f"device {d} of {n}" for n, d in sorted(busy))
+        return max(r.until for r in busy.values()), what
 
     def poll_held(self, now: float) -> None:
         """Carry out the commands a ``BackOff`` held back, once they are due."""
@@ -1007,35 +1043,63 @@ class Executor:
 
     def device_event(self, event: Any) -> None:
         now = self.clock()
-        if isinstance(event, DeviceFaulted | DeviceRecovered):
-            key = (event.node, event.device)
-            if isinstance(event, DeviceFaulted):
-                self.faulty_devices[key] = event.code or "unknown"
-            else:
-                self.faulty_devices.pop(key, None)
         if isinstance(event, DeviceFaulted):
-            match device_fault(event, self._holder(event.node, event.device), self.codes):
+            self.faulty_devices[(event.node, event.device)] = event.code or "unknown"
+            found = device_fault(event, self._holder(event.node, event.device), self.codes)
+            if self.cl.offline_reset and found.level.resets_device:
+                self._reset_device(event.node, event.device, found.code, found.level, now)
+            match found:
                 case IdleDeviceFault() as idle:
                     self._idle_device_fault(idle)
                 case Fault() as fault:
                     self.m.fault_detected(fault, now)
-        elif isinstance(event, DeviceRecovered) and self.cluster.device_held(
-            event.node, event.device
-        ):
+        elif isinstance(event, DeviceRecovered):
+            self._device_recovered(event)
+
+    def _device_recovered(self, event: DeviceRecovered) -> None:
+        node, device = event.node, event.device
+        self.faulty_devices.pop((node, device), None)
+        reset = self.resetting.pop((node, device), None)
+        if reset is not None:
+            self.ledger.record(DeviceReset(node=node, device=device, took_s=event.at - reset.at))
             self.console.line(
-                f"device {event.device} of {event.node} reports healthy; it stays out of the "
-                "pool until released (ManuallySeparate: unbroken release)"
+                f"device {device} of {node} reset: healthy again after {event.at - reset.at:.2f} s"
             )
-        elif isinstance(event, DeviceRecovered) and (
-            self.cl.auto_stowing and self.cluster.device_isolated(event.node, event.device)
-        ):
-            self.cluster = self.cluster.return_device(event.node, event.device)
+        if self.cluster.device_held(node, device):
+            self.console.line(
+                f"device {device} of {node} reports healthy; it stays out of the pool until "
+                "released (ManuallySeparate: unbroken release)"
+            )
+        elif self.cl.auto_stowing and self.cluster.device_isolated(node, device):
+            self.cluster = self.cluster.return_device(node, device)
             self.ledger.record(
-                DeviceReturned(
-                    node=event.node, device=event.device, reason="healthy again (autoStowing)"
-                )
+                DeviceReturned(node=node, device=device, reason="healthy again (autoStowing)")
             )
-            self.console.line(f"device {event.device} of {event.node} back in the pool")
+            self.console.line(f"device {device} of {node} back in the pool")
+
+    def _reset_device(
+        self, node: str, device: int, code: str, level: FaultLevel, now: float
+    ) -> None:
+        """``-hotReset=2``: a device whose fault level resets it is reset offline, out of the
+        pool, before it is used again: no pod is placed on it and no rank restarts on it
+        (:meth:`_reset_wait`) until it reports healthy."""
+        key = (node, device)
+        if key in self.resetting:
+            return
+        try:
+            reset = reset_device(self.m.sim_dir, node, device, now, self.cl.reset_s)
+        except (ValueError, DeviceStateError) as exc:
+            self.console.line(f"device {device} of {node} not reset: {exc}")
+            return
+        self.resetting[key] = reset
+        self.ledger.record(
+            DeviceResetStarted(node=node, device=device, code=code, reset_s=self.cl.reset_s)
+        )
+        self._isolate_device(node, device, f"resetting after {code} (hotReset=2)", level)
+        self.console.line(
+            f"device {device} of {node} resetting after {code} ({level}), "
+            f"{self.cl.reset_s:.1f} s out of the pool"
+        )
 
     def _holder(self, node: str, device: int) -> tuple[str, int] | None:
         """The pod and rank of this job that run on ``device`` of ``node``, if any."""

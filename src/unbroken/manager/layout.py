@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unbroken.devices.sim import RESET_S_DEFAULT
 from unbroken.spec.knobs import FaultHandling
 
 
@@ -62,6 +63,10 @@ class ClusterLayout:
     list_watch_period_s: float = 5.0
     auto_stowing: bool = True
     code_table: Path | None = None  # a user override of the fault code table
+    #: ``-hotReset=2``: a device whose fault level resets it is reset (offline: out of the pool
+    #: for ``reset_s``) before it is used again.
+    offline_reset: bool = False
+    reset_s: float = RESET_S_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ processes alive and moving only the faulty rank. The reference then silently fal
 job-level rescheduling, losing the steps process-level recovery exists to save; Unbroken rejects
 the combination instead, naming both files. Use ``hotReset: 2`` (offline reset) with a
 ``recover-strategy``. Alone, ``hotReset=1`` is accepted with a sunset warning.
+
+At run time ``hotReset: 2`` is ``ClusterLayout.offline_reset``: a device whose fault level
+resets it is reset, out of the pool, before it is used again (the executor; the ``sim``
+provider models the reset's duration). The other values reset nothing at run time.
 """
 
 from __future__ import annotations

@@ -14,14 +14,20 @@ from typing import Any
 import pytest
 
 from unbroken.cli import main
-from unbroken.devices import DeviceFaulted, DeviceRecovered
-from unbroken.faults import CodeTable
+from unbroken.devices import (
+    DeviceFaulted,
+    DeviceMonitor,
+    DeviceRecovered,
+    SimProvider,
+    inject_device_fault,
+)
+from unbroken.faults import CodeTable, FaultLevel
 from unbroken.ledger import Ledger
 from unbroken.manager.job import JobManager
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.service import Inbound, build_server
-from unbroken.policy import Recovering, RecoveryFailed, Running
+from unbroken.policy import Recovering, RecoveryFailed, RestartProcesses, Running
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.messages import (
@@ -154,6 +160,7 @@ def _job(
     *strategies: Strategy,
     sub_healthy: SubHealthyStrategy = SubHealthyStrategy.IGNORE,
     nodes: int = 3,
+    offline_reset: bool = False,
 ) -> Job:
     monkeypatch.setenv("UNBROKEN_STANDBY", "0")  # no warm spare agents: no processes
     layout = JobLayout(
@@ -172,7 +179,11 @@ def _job(
     clock = Clock()
     m = JobManager(
         layout,
-        ClusterLayout(nodes=tuple(f"node-{i}" for i in range(nodes)), devices_per_node=2),
+        ClusterLayout(
+            nodes=tuple(f"node-{i}" for i in range(nodes)),
+            devices_per_node=2,
+            offline_reset=offline_reset,
+        ),
         tmp_path,
         Ledger(tmp_path / "ledger.db"),
         options=ManagerOptions(),
@@ -641,3 +652,103 @@ def test_unbroken_release_reaches_the_manager_through_its_authenticated_control_
     assert job.events("DeviceReturned") == [
         {"node": "node-2", "device": 1, "reason": "released by an operator"}
     ]
+
+
+def _sim(job: Job) -> tuple[SimProvider, DeviceMonitor]:
+    """The job's ``sim`` devices on the fake clock; the monitor turns their polls into events."""
+    return SimProvider(job.m.sim_dir, {f"node-{i}": 2 for i in range(3)}, clock=job.clock), (
+        DeviceMonitor()
+    )
+
+
+def _watch(job: Job, provider: SimProvider, monitor: DeviceMonitor) -> None:
+    for event in monitor.observe(provider.poll(), job.clock()):
+        job.m.executor.device_event(event)
+
+
+def test_with_offline_reset_a_device_is_out_of_the_pool_while_it_resets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    ex = job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    provider, monitor = _sim(job)
+    _watch(job, provider, monitor)
+    inject_device_fault(job.m.sim_dir, "node-2", 0, "80E18005", at=job.clock())  # RestartNPU
+    _watch(job, provider, monitor)
+    assert job.events("DeviceResetStarted") == [
+        {"node": "node-2", "device": 0, "code": "80E18005", "reset_s": 2.0}
+    ]
+    assert ex.cluster.device_isolated("node-2", 0) and ex.free_nodes() == []
+    job.clock.advance(1.9)
+    _watch(job, provider, monitor)
+    assert job.events("DeviceReset") == [] and ex.cluster.device_isolated("node-2", 0)
+    job.clock.advance(0.1)
+    _watch(job, provider, monitor)
+    assert job.events("DeviceReset") == [
+        {"node": "node-2", "device": 0, "took_s": pytest.approx(2.0)}
+    ]
+    assert ex.free_nodes() == ["node-2"]
+
+
+def test_without_offline_reset_a_reset_level_fault_resets_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3)
+    ex = job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    provider, monitor = _sim(job)
+    inject_device_fault(job.m.sim_dir, "node-2", 0, "80E18005", at=job.clock())
+    _watch(job, provider, monitor)
+    assert job.events("DeviceResetStarted") == [] and ex.free_nodes() == ["node-2"]
+
+
+def test_a_restart_in_place_waits_for_the_reset_of_a_device_its_ranks_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    ex = job.m.executor
+    a0, a1 = job.agents
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    _sim(job)
+    inject_device_fault(job.m.sim_dir, "node-1", 1, "80E18005", at=job.clock())
+    ex._reset_device("node-1", 1, "80E18005", FaultLevel.RESTART_NPU, job.clock())
+    ex._run((RestartProcesses(PODS[1], (2, 3)),), job.clock())
+    assert a0.orders() == [] and a1.orders() == [], "restarted on a device being reset"
+    assert ex.held is not None and ex.held[0] == pytest.approx(job.clock() + 2.0)
+    job.clock.advance(1.0)
+    ex.poll_held(job.clock())
+    assert a0.orders() == [] and a1.orders() == []
+    job.clock.advance(1.0)
+    ex.poll_held(job.clock())
+    assert [type(o) for o in a0.orders()] == [RestartRanks]
+    assert [type(o) for o in a1.orders()] == [RestartRanks]
+
+
+def test_a_pod_rescheduled_off_a_device_being_reset_goes_to_another_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    m, ex = job.m, job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    started: list[tuple[str, str]] = []
+
+    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:  # processes are an edge
+        for pod in pods:
+            ex.cluster = ex.cluster.release(pod)
+            del m.pods[pod]
+
+    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
+        started.append((pod, node))
+        m.pods[pod] = PodProcess(
+            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
+        )  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ex, "_stop", stop)
+    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    provider, monitor = _sim(job)
+    inject_device_fault(m.sim_dir, "node-1", 1, "80E18005", at=job.clock())
+    _watch(job, provider, monitor)
+    # RestartNPU stops training; the job is placed again, node-1 short of a device.
+    assert started == [(PODS[0], "node-0"), (PODS[1], "node-2")]
+    assert [e["node"] for e in job.events("DeviceResetStarted")] == ["node-1"]

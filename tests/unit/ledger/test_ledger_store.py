@@ -18,6 +18,8 @@ from unbroken.ledger import (
     DecisionMade,
     DecodeError,
     DeviceIsolated,
+    DeviceReset,
+    DeviceResetStarted,
     DeviceReturned,
     Event,
     FaultDetected,
@@ -88,6 +90,8 @@ ONE_OF_EACH: tuple[Event, ...] = (
     NodeIsolated(node="node-2", reason="agent heartbeats missed for 15 s"),
     DeviceReturned(node="node-1", device=0, reason="healthy again (autoStowing)"),
     NodeDeprioritised(node="node-2", reason="sub-healthy: 80E20207"),
+    DeviceResetStarted(node="node-1", device=1, code="80E18005", reset_s=2.0),
+    DeviceReset(node="node-1", device=1, took_s=2.4),
     RecoveryCompleted(
         fault_id="f-1", strategy="recover-in-place", generation=1, step=111, phases_s={"x": 1.5}
     ),
