@@ -197,7 +197,8 @@ def _elastic_sentence(runs: Sequence[RunResult], s: Settings) -> str:
 def table(results: Sequence[RunResult], s: Settings) -> str:
     out = []
     out.append("fault-free baselines")
-    head = f"  {'tool':<38}{'runs ok':>8}  {'digest':<18}{'step ms':<22}{'launch->exit s':<20}"
+    w = max(len(b.label) for b in BASELINES) + 2
+    head = f"  {'tool':<{w}}{'runs ok':>8}  {'digest':<18}{'step ms':<22}{'launch->exit s':<20}"
     out.append(head)
     for b in BASELINES:
         runs = [r for r in results if not r.faulted and r.config == b.key]
@@ -206,16 +207,16 @@ def table(results: Sequence[RunResult], s: Settings) -> str:
         digests = sorted({r.digest for r in runs if r.digest})
         shown = ",".join(d[:16] for d in digests) or "-"
         out.append(
-            f"  {b.label:<38}{_count(runs, lambda r: r.finished):>8}  {shown:<18}"
+            f"  {b.label:<{w}}{_count(runs, lambda r: r.finished):>8}  {shown:<18}"
             f"{spread((r.step_ms for r in runs), '{:.1f}'):<22}"
             f"{spread((r.wall_s for r in runs), '{:.1f}'):<20}"
         )
     tools = ("unbroken", "torchrun")  # the same script; other baselines train another one
     refs = {r.digest for r in results if not r.faulted and r.digest and r.config in tools}
     if len(refs) > 1:
-        out.append("  (the tools' fault-free digests differ)")
+        out.append("  (Unbroken's and torchrun's fault-free digests of the same script differ)")
     elif refs:
-        out.append("  (every fault-free run ended with the same digest)")
+        out.append("  (Unbroken's and torchrun's fault-free runs of the same script ended equal)")
     out.append("")
     out.append(
         f"SIGKILL of rank {VICTIM} after step {s.kill_step} ({s.steps} steps, checkpoint every "
