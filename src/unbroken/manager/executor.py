@@ -133,11 +133,18 @@ from unbroken.protocol.messages import (
 from unbroken.scheduler import (
     Binding,
     Cluster,
+    EscalationPolicy,
+    Pending,
     Placement,
     Pod,
     Unschedulable,
+    attempt_failed,
+    escalation_reason,
     passed_over,
+    pending_line,
     place,
+    should_escalate,
+    start_pending,
 )
 from unbroken.spec.knobs import Strategy
 
@@ -267,6 +274,11 @@ class Executor:
         #: The node image agents are forked from (:meth:`start_image`); None: cold agents.
         self.image: Image | None = None
         self.unplaced: tuple[str, ...] | None = None  # pods waiting for room to be placed
+        #: Pods of pod-level rescheduling pending for room, tried again once per scheduler
+        #: session; after ``escalation.sessions`` failed sessions the rung fails and the job
+        #: is rescheduled as a whole (:mod:`unbroken.scheduler.escalation`).
+        self.pending: Pending | None = None
+        self.escalation = EscalationPolicy()
         #: Commands held back by a ``BackOff`` (a fault recurred without progress): when they
         #: are due, and what they are. A newer rung's decision replaces them.
         self.held: tuple[float, tuple[Command, ...]] | None = None
@@ -1144,6 +1156,23 @@ class Executor:
         pods = [Pod(name=fault.pod, devices_needed=self.job.nproc_per_node)]
         return not isinstance(place(c, pods), Unschedulable)
 
+    def may_pend(self, fault: Fault) -> bool:
+        """Whether the faulty pod, with no room now, could be placed once the isolated devices
+        (the fault's own among them, unless it is held out) are back in the pool: pod-level
+        rescheduling then pends for room. A lost node does not come back."""
+        if fault.pod is None or fault.kind is FaultKind.NODE_LOST or self.schedulable(fault):
+            return False
+        c = self.cluster
+        for node, device in list(c.isolated_devices):
+            if not c.device_held(node, device):
+                c = c.return_device(node, device)
+        held = fault.level is FaultLevel.MANUALLY_SEPARATE
+        if held and fault.node is not None and fault.device is not None:
+            c = c.isolate_device(fault.node, fault.device, "probe")
+        c = c.release(fault.pod)
+        pods = [Pod(name=fault.pod, devices_needed=self.job.nproc_per_node)]
+        return not isinstance(place(c, pods), Unschedulable)
+
     # ---- pods -------------------------------------------------------------------------
     def _next_generation(self, rung: int | None, replica_step: int | None = None) -> int:
         """A new rendezvous generation, begun by the rung of policy generation ``rung``."""
@@ -1361,6 +1390,9 @@ class Executor:
                 return
             self.ledger.record_raw("PodUnschedulable", {"pod": result.pod, "reason": reason})
             self.m.pending_reason = reason
+            if self._pod_level():
+                self._pend(tuple(pods), reason, self.clock())
+                return
             if self.unplaced is None:
                 rec = self.policy_state
                 until = (
@@ -1379,6 +1411,7 @@ class Executor:
                 )
             return
         self.unplaced = None
+        self.pending = None
         self.m.pending_reason = ""
         self._say_passed_over(result.bindings)
         self.cluster = self.cluster.bind(result.bindings)
@@ -1416,10 +1449,59 @@ class Executor:
         self._next_placement_at = now + 1.0
         pods = self.unplaced
         wanted = [Pod(name=p, devices_needed=self.job.nproc_per_node) for p in pods]
-        if isinstance(place(self.cluster, wanted), Unschedulable):
+        result = place(self.cluster, wanted)
+        if self.pending is not None and not self._pod_level():
+            self.pending = None  # the policy has left pod-level rescheduling
+        if isinstance(result, Unschedulable):
+            if self.pending is not None:
+                self._pend(pods, f"cannot place pod {result.pod}: {result.reason}", now)
             return
         self.place_and_start(pods, prefer={})
         self._restart_others(pods)
+
+    def _pod_level(self) -> bool:
+        """Whether the rung being carried out is pod-level rescheduling."""
+        state = self.policy_state
+        return isinstance(state, Recovering) and state.rung is Rung.POD_RESCHEDULE
+
+    def _pend(self, pods: tuple[str, ...], reason: str, now: float) -> None:
+        """Pods of pod-level rescheduling found no room in a scheduler session: counted, and
+        after the policy's number of sessions reported unschedulable, so that the policy
+        reschedules the whole job (the reference's 12 sessions of Volcano)."""
+        if self.pending is None or self.pending.pods != pods:
+            self.pending = start_pending(pods, now)
+            self.unplaced = pods
+            self.ledger.record_raw(
+                "PodsPending",
+                {
+                    "pods": list(pods),
+                    "sessions": self.escalation.sessions,
+                    "session_s": self.escalation.session_s,
+                    "reason": reason,
+                },
+            )
+            self.console.line(
+                f"{', '.join(pods)} pending: placement tried once per scheduler session "
+                f"({self.escalation.session_s:g} s); after {self.escalation.sessions} failed "
+                "sessions the whole job is rescheduled"
+            )
+        self.pending = attempt_failed(self.pending, now, self.escalation)
+        self.m.pending_reason = f"{reason}; {pending_line(self.pending, self.escalation, now)}"
+        if not should_escalate(self.pending, self.escalation):
+            return
+        pending, self.pending, self.unplaced = self.pending, None, None
+        why = escalation_reason(pending, now)
+        self.ledger.record_raw(
+            "PodsEscalated",
+            {
+                "pods": list(pending.pods),
+                "sessions": pending.attempts,
+                "pending_s": now - pending.since_at,
+                "reason": why,
+            },
+        )
+        self.console.line(why)
+        self._queue.append(PodUnschedulable(pod=pods[0], at=now, generation=self._rung))
 
     def _start_agent(self, pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
         m = self.m

@@ -707,6 +707,7 @@ class JobManager:
             fault_age_s=max(0.0, now - fault.at),
             rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,
             pod_schedulable=self.executor.schedulable(fault),
+            pod_may_pend=self.executor.may_pend(fault),
             elastic_possible=in_process and not elastic_off,
             elastic_off=elastic_off,
         )

@@ -83,8 +83,9 @@ rescheduling) ran before in it:
   hardware reschedules since the last recovery that committed a step. For software-only F:
   fewer software reschedules over the job's life than ``fault-retry-times`` (0: none). An
   escalation from pod level to job level is not charged again.
-  - L5a ``pod-rescheduling=on``, faults name their pods and the pods are schedulable:
-    ``ReschedulePods``.
+  - L5a ``pod-rescheduling=on``, faults name their pods and the pods are schedulable, or may
+    be once isolated devices are back (``pod_may_pend``: the pods pend, and the manager
+    reports them unschedulable after 12 failed scheduler sessions): ``ReschedulePods``.
   - L5b otherwise: ``RescheduleJob``.
 - L6  rescheduling not allowed, no placement needed (no lost node, no isolating level), faults
   name their pods and each pod has restarts left (``max_restarts``): ``RestartProcesses`` per

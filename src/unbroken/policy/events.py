@@ -32,6 +32,8 @@ class Feasibility:
     fault_age_s: float = 0.0  # how old the fault was when reported
     rank0_pod_faulty: bool = False  # the fault touches the pod of rank 0
     pod_schedulable: bool = True  # the faulty pod(s) could be placed elsewhere now
+    pod_may_pend: bool = False  # not now, but once isolated devices are back in the pool:
+    #                             pod-level rescheduling pends for room (12 sessions at most)
     elastic_possible: bool = False  # the job can continue without the lost data-parallel replica
     elastic_off: str = ""  # why it cannot, when the manager knows (the rank-0 pod, the minimum)
     process_off: str = ""  # why no rank can be repaired in process, when the manager knows

@@ -209,7 +209,7 @@ def _exit_rungs(
         if config.pod_rescheduling:
             if not pods_known:
                 why_not.append("pod-rescheduling: a fault names no pod")
-            elif not feasibility.pod_schedulable:
+            elif not (feasibility.pod_schedulable or feasibility.pod_may_pend):
                 why_not.append("pod-rescheduling: the pod cannot be placed now")
             else:
                 rungs.append(Rung.POD_RESCHEDULE)

@@ -13,6 +13,7 @@ from unbroken.scheduler.escalation import (
     attempt_failed,
     escalation_reason,
     next_attempt_at,
+    pending_line,
     should_escalate,
     start_pending,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "escalation_reason",
     "next_attempt_at",
     "passed_over",
+    "pending_line",
     "place",
     "should_escalate",
     "start_pending",

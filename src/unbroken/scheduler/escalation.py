@@ -74,3 +74,13 @@ def escalation_reason(pending: Pending, now: float) -> str:
         f"{noun} {pods} stayed pending for {pending.attempts} scheduler sessions "
         f"({now - pending.since_at:.1f} s); rescheduling the whole job"
     )
+
+
+def pending_line(pending: Pending, policy: EscalationPolicy, now: float) -> str:
+    """What ``unbroken status`` says of pods pending in pod-level rescheduling."""
+    pods = ", ".join(pending.pods)
+    noun = "pod" if len(pending.pods) == 1 else "pods"
+    return (
+        f"{noun} {pods} pending {now - pending.since_at:.0f} s: {pending.attempts} of "
+        f"{policy.sessions} scheduler sessions failed, then job-level rescheduling"
+    )

@@ -635,6 +635,15 @@ ROWS = {
         Recovering,
         budgets_are(software_reschedules=1),
     ),
+    "L5a-pending": Row(
+        Running(),
+        fault(crash(), pod_schedulable=False, pod_may_pend=True),
+        POD,
+        (ReschedulePods(("worker-1",), (), (), 30.0),),
+        "pod-level rescheduling of worker-1",
+        Recovering,
+        rung_is(Rung.POD_RESCHEDULE, NOW + 930.0),
+    ),
     "L5b-unschedulable-pod": Row(
         Running(),
         fault(crash(), pod_schedulable=False),
