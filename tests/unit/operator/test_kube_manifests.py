@@ -1,0 +1,116 @@
+"""The deployment manifests (deploy/kubernetes) are valid for the Kubernetes version the README
+names, checked offline against that version's strict schemas; the seed's AscendJob examples are
+accepted by the CRD's own schema, and malformed jobs are refused by it."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+jsonschema = pytest.importorskip("jsonschema")
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy" / "kubernetes"
+SEED = ROOT / "tests" / "fixtures" / "seed"
+
+
+def _kubernetes_version() -> str:
+    """The version the README's Kubernetes section names ("Kubernetes 1.NN")."""
+    found = re.findall(r"Kubernetes (1\.\d+)\b", (ROOT / "README.md").read_text())
+    assert found, "README.md names no Kubernetes version"
+    return str(found[0])
+
+
+def _manifests() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                out.append((f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return out
+
+
+def _crd_schema() -> dict[str, Any]:
+    crds = [d for _, d in _manifests() if d["kind"] == "CustomResourceDefinition"]
+    (crd,) = [c for c in crds if c["spec"]["names"]["kind"] == "AscendJob"]
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1" and crd["spec"]["group"] == "mindxdl.gitee.com"
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _seed_jobs() -> list[Path]:
+    return [p for p in sorted(SEED.glob("*.yaml")) if "kind: AscendJob" in p.read_text()]
+
+
+def test_every_kind_is_deployed() -> None:
+    kinds = sorted({d["kind"] for _, d in _manifests()})
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Namespace",
+        "ServiceAccount",
+    ]
+
+
+@pytest.mark.parametrize("name,doc", _manifests(), ids=[n for n, _ in _manifests()])
+def test_manifest_is_valid_for_the_readme_version(name: str, doc: dict[str, Any]) -> None:
+    version = _kubernetes_version()
+    assert kubernetes_validate.validate(doc, version, strict=True) == version
+
+
+def test_a_bad_manifest_is_refused() -> None:
+    """The check has teeth: a field the strict schema does not know fails it."""
+    (_, deployment) = next((n, d) for n, d in _manifests() if d["kind"] == "Deployment")
+    bad = copy.deepcopy(deployment)
+    bad["spec"]["replica"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, _kubernetes_version(), strict=True)
+
+
+def test_the_service_account_is_bound_to_the_role_the_deployment_uses() -> None:
+    docs = {d["kind"]: d for _, d in _manifests()}
+    sa = docs["ServiceAccount"]["metadata"]
+    binding = docs["ClusterRoleBinding"]
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["name"]
+    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+    ]
+
+
+def test_seed_jobs_exist() -> None:
+    assert len(_seed_jobs()) >= 10
+
+
+@pytest.mark.parametrize("path", _seed_jobs(), ids=lambda p: p.stem)
+def test_seed_job_is_accepted_by_the_crd_schema(path: Path) -> None:
+    job = yaml.safe_load(path.read_text())
+    jsonschema.validate(job, _crd_schema())
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda j: j["spec"].pop("replicaSpecs"), "'replicaSpecs' is a required property"),
+        (lambda j: j["spec"]["replicaSpecs"].update(Chief={}), "Additional properties"),
+        (lambda j: j["spec"]["replicaSpecs"]["Worker"].update(replicas=0), "less than the"),
+        (lambda j: j["spec"]["replicaSpecs"]["Master"].update(replicas="1"), "is not of type"),
+    ],
+)
+def test_a_malformed_job_is_refused_by_the_crd_schema(change: Any, message: str) -> None:
+    job = yaml.safe_load((SEED / "job-rescheduling.yaml").read_text())
+    change(job)
+    with pytest.raises(jsonschema.ValidationError, match=message):
+        jsonschema.validate(job, _crd_schema())
