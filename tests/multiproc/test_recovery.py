@@ -262,6 +262,30 @@ def test_without_a_command_the_survivors_give_up_with_a_clear_reason(
         assert (record.phase, record.failed_step, record.recoveries) == (Phase.FAILED, KILL_AT, 0)
 
 
+def test_without_a_decision_the_survivors_give_up_at_mindio_wait_mindx_time(
+    tmp_path: Path,
+) -> None:
+    """UNBROKEN_DECISION_WAIT_S (the job's MINDIO_WAIT_MINDX_TIME) bounds the wait for the
+    manager's decision, however long the rung's own timeout: no order ever comes, so both
+    survivors give up after 2 s, not the 60 s of the command timeout."""
+    args = ["--steps", str(STEPS), "--die-in-backward", f"2:{KILL_AT}", "--command-timeout", "60"]
+    job = Job(tmp_path, 3, args, env={"UNBROKEN_DECISION_WAIT_S": "2"})
+    try:
+        ranks = job.start_all()
+        codes = job.wait(deadline_s=45.0)
+    finally:
+        job.close()
+    assert codes == {0: 1, 1: 1, 2: -signal.SIGKILL}, job.logs()
+    for r in ranks[:2]:
+        log = r.log()
+        assert f"rank {r.rank}: step {KILL_AT} failed (RuntimeError: " in log, log
+        assert (
+            "no decision from the job manager within 2 s (MINDIO_WAIT_MINDX_TIME), giving up"
+        ) in log, log
+        record = r.record()
+        assert (record.phase, record.failed_step) == (Phase.FAILED, KILL_AT)
+
+
 def test_a_rank_without_an_agent_fails_the_step_loudly(jobs: Callable[..., Job]) -> None:
     job = jobs("--die-in-backward", f"2:{KILL_AT}")
     job.start_all(managed=False)

@@ -360,6 +360,14 @@ class Executor:
         self.switch = None
         self.console.line(f"hot switch of {sw.pod} given up: {reason}")
 
+    def _hold_ranks(self, skip: Sequence[str]) -> None:
+        """A decision whose orders come later (a back-off, a pod pending for room) is heard
+        by the ranks at once as a pause: stopped ranks then wait past their decision wait
+        (``MINDIO_WAIT_MINDX_TIME``) for the orders, up to the command timeout."""
+        for p in self.m.pods.values():
+            if p.pod not in skip and p.alive and not p.lost:
+                self.commands.send(p.pod, p.pid, PauseRanks())
+
     def _run(self, commands: Sequence[Command], now: float) -> None:
         """Carry out ``commands`` in order. Last words being written hold back the commands
         after them (the newest decision's, when another came meanwhile) until they are
@@ -381,6 +389,7 @@ class Executor:
                 return
             if isinstance(cmd, BackOff):
                 self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
+                self._hold_ranks(())
                 self.console.line(
                     f"backing off {cmd.delay_s:.0f} s before recovering (the fault recurred "
                     "without progress)"
@@ -627,6 +636,7 @@ class Executor:
             pods = (*pending[0], pod) if pending is not None else (pod,)
             self.pending_room = (pods, now + wait_s, self._rung)
             self._drop_nodes[pod] = node
+            self._hold_ranks(pods)  # until the pod is placed or dropped
             self.console.line(
                 f"no room to place {pod}: it pends up to {wait_s:.0f} s "
                 "(wait-reschedule-timeout) for a node before the job scales in without it"
@@ -1520,6 +1530,8 @@ class Executor:
                 "UNBROKEN_HANG_FLOOR_S": str(self.opt.hang_floor_s),
                 "UNBROKEN_HANG_FACTOR": str(self.opt.hang_factor),
                 "UNBROKEN_HANG_STARTUP_S": str(self.opt.hang_startup_s),
+                # MINDIO_WAIT_MINDX_TIME: how long a stopped rank waits for a decision.
+                "UNBROKEN_DECISION_WAIT_S": f"{self.fh.decision_wait_s:g}",
                 "UNBROKEN_CHAOS": json.dumps(
                     [
                         c.to_json()

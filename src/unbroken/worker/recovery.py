@@ -86,6 +86,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.checkpointer import Checkpointer
 from unbroken.worker.commhook import GradSync, unsupported_reason
+from unbroken.worker.decisionwait import decision_wait_from_environ, undecided_too_long
 from unbroken.worker.failure import SyncFailure
 from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure, pack_op_retry
 from unbroken.worker.linkfault import OpenedLinks
@@ -142,6 +143,7 @@ class RecoverySettings:
     master_addr: str = ""  # the store this process's own init_process_group used
     master_port: int = 0
     command_timeout_s: float = 120.0
+    decision_wait_s: float | None = None  # MINDIO_WAIT_MINDX_TIME (worker.decisionwait)
     comm_timeout_s: float = 30.0
     ckpt_timeout_s: float = 600.0
     poll_interval_s: float = 0.005  # the mailbox poll while stopped: one stat() each
@@ -162,6 +164,7 @@ class RecoverySettings:
             )
         port_raw = environ.get("MASTER_PORT", "")
         values.setdefault("device", _sim_device(environ))
+        values.setdefault("decision_wait_s", decision_wait_from_environ(environ))
         return cls(
             mailbox=Path(mailbox) if mailbox else None,
             join=join,
@@ -398,7 +401,9 @@ class Recovery:
             self._stress(pending)
         command = pending if isinstance(pending, Rejoin) else None
         if command is None:
-            command = self._wait_for_rejoin(what, should_stop, committed)
+            # A pause (or stress test) that stopped this rank was the manager's decision.
+            decided = pending is not None
+            command = self._wait_for_rejoin(what, should_stop, committed, decided)
             if command is None:
                 return None
         return self._rejoin(command, committed, regroup=True)
@@ -431,16 +436,24 @@ class Recovery:
         return self._rejoin(command, 0, regroup=False)
 
     def _wait_for_rejoin(
-        self, what: str, should_stop: Callable[[], bool], committed: int | None = None
+        self,
+        what: str,
+        should_stop: Callable[[], bool],
+        committed: int | None = None,
+        decided: bool = False,
     ) -> Rejoin | None:
         """Wait for the rejoin command; ``committed``: this rank's committed steps, the state
         a ``dump`` command saves (None: a replacement process, which has no state to save)."""
         started = time.monotonic()
         deadline = started + self.settings.command_timeout_s
+        # A replacement process was started by a decision already; a stopped rank waits for
+        # one (any order) at most the decision wait.
+        decided = decided or committed is None
         while True:
             if should_stop():
                 return None
             command = self._next_command()
+            decided = decided or command is not None
             if isinstance(command, Rejoin):
                 return command
             if isinstance(command, Pause):
@@ -452,6 +465,11 @@ class Recovery:
                 else:
                     self._stress(command)
                 deadline += time.monotonic() - began
+            undecided = undecided_too_long(
+                time.monotonic() - started, decided, self.settings.decision_wait_s
+            )
+            if undecided is not None:
+                raise RecoveryFailed(f"rank {self.rank}: {what}; {undecided}")
             if time.monotonic() >= deadline:
                 raise RecoveryFailed(
                     f"rank {self.rank}: {what}; no "
