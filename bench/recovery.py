@@ -40,7 +40,10 @@ unbroken-elastic   ``bench/jobs/elastic.yaml`` (grace, recover-strategy elastic-
                    compared with its own fault-free baseline, ``unbroken-vranks``; its MTTR is
                    the scale-in (fault -> ranks 0 and 1 committed a step past K), and the
                    ledger's ``ScaledIn.took_s`` and ``ScaledOut.took_s`` and rank 0's median
-                   step time while scaled in and at full size are reported beside it
+                   step time while scaled in and at full size are reported beside it. The
+                   node returns after step K + (steps - K) / 5; scaling out takes a few
+                   seconds (a spare agent is started on the node first), so ``--quick``'s 60
+                   steps end before it: give ``--quick --steps 150``
 unbroken-stress    ``bench/jobs/recover.yaml`` with a different fault: after step K rank 3's
                    device computes wrong while its health stays good (chaos ``sdc``) and an
                    online stress test is asked for (chaos ``stress-test``); the test finds the
