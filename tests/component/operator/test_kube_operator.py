@@ -1,0 +1,315 @@
+"""The operator's API contract, run in-process against kmock's Kubernetes emulator: an AscendJob
+becomes the planned pods (name, env, labels, ports, owner) and a Service; a failed pod is replaced
+per the job's rung; a bad job gets a Failed condition and no pods; the status says so."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kopf = pytest.importorskip("kopf")
+kmock = pytest.importorskip("kmock")
+kubernetes = pytest.importorskip("kubernetes")
+
+from unbroken.operator import Plan, kube, plan  # noqa: E402
+from unbroken.operator.kube import REPLACING  # noqa: E402
+from unbroken.spec import load_cluster, load_job  # noqa: E402
+
+pytestmark = pytest.mark.component
+
+SEED = Path(__file__).resolve().parents[2] / "fixtures" / "seed"
+JOBS = kmock.resource("mindxdl.gitee.com", "v1", "ascendjobs")
+PODS = kmock.resource("", "v1", "pods")
+SERVICES = kmock.resource("", "v1", "services")
+NS = "team-a"
+
+
+@asynccontextmanager
+async def operator_on_kmock() -> AsyncIterator[Any]:
+    """kmock serving the job, pod and service resources, and the operator running on it."""
+    async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s):
+        k8s.resources["mindxdl.gitee.com/v1/ascendjobs"] = kmock.ResourceInfo(
+            kind="AscendJob",
+            namespaced=True,
+            subresources={"status"},
+            verbs={"list", "watch", "get", "patch", "create"},
+        )
+        k8s.resources["v1/pods"] = kmock.ResourceInfo(
+            kind="Pod",
+            namespaced=True,
+            subresources={"status"},
+            verbs={"list", "watch", "get", "patch", "create", "delete"},
+        )
+        k8s.resources["v1/services"] = kmock.ResourceInfo(
+            kind="Service", namespaced=True, verbs={"list", "get", "create"}
+        )
+        # What kopf's discovery waits for (it lists and watches them when scanning is on).
+        k8s.resources["v1/namespaces"] = kmock.ResourceInfo(
+            kind="Namespace", namespaced=False, verbs={"list", "watch"}
+        )
+        k8s.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+            kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch"}
+        )
+        config = kubernetes.client.Configuration(host=str(k8s.url).rstrip("/"))
+        api = kubernetes.client.ApiClient(config)
+        registry = kube.registry_for(api)
+        url = str(k8s.url).rstrip("/")
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> Any:
+            return kopf.ConnectionInfo(server=url)
+
+        settings = kopf.OperatorSettings()
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        settings.watching.reconnect_backoff = 0.1
+        # kmock has no resourceVersion, so kopf cannot see its own patch arrive; without these
+        # its per-object workers linger for the default 5 s on every stop.
+        settings.persistence.consistency_timeout = 0.1
+        settings.queueing.exit_timeout = 0.1
+        settings.queueing.idle_timeout = 0.5
+        # The operator runs on its own loop in a thread, as an embedded kopf does: on stopping,
+        # kopf waits for every task of its loop, and the server's tasks are not its own.
+        stop, ready = threading.Event(), threading.Event()
+
+        def serve() -> None:
+            asyncio.run(
+                kopf.operator(
+                    registry=registry,
+                    settings=settings,
+                    clusterwide=True,
+                    standalone=True,
+                    stop_flag=stop,
+                    ready_flag=ready,
+                )
+            )
+
+        thread = threading.Thread(target=serve, name="kopf")
+        thread.start()
+        loop = asyncio.get_running_loop()
+        try:
+            assert await loop.run_in_executor(None, ready.wait, 10), "the operator did not start"
+            yield k8s
+        finally:
+            stop.set()
+            await loop.run_in_executor(None, thread.join, 10)
+            api.close()
+            assert not thread.is_alive(), "the operator did not stop"
+
+
+async def until(check: Callable[[], Any], what: str, timeout_s: float = 8.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def live(k8s: Any, resource: Any, name: str) -> dict[str, Any] | None:
+    key = (resource, NS, name)
+    if key not in k8s.objects or k8s.objects[key].deleted:
+        return None
+    raw: dict[str, Any] = k8s.objects[key].raw
+    return raw
+
+
+def seed_job(name: str, **labels: str) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((SEED / f"{name}.yaml").read_text())
+    body["metadata"]["namespace"] = NS
+    body["metadata"]["uid"] = f"uid-{name}"  # a real API server assigns it; kmock does not
+    body["metadata"]["labels"].update(labels)
+    return body
+
+
+async def create(k8s: Any, body: dict[str, Any]) -> None:
+    async with k8s.post(f"/apis/mindxdl.gitee.com/v1/namespaces/{NS}/ascendjobs", json=body) as r:
+        assert r.status < 300, await r.text()
+
+
+async def patch(k8s: Any, path: str, body: dict[str, Any]) -> None:
+    async with k8s.patch(path, json=body) as r:
+        assert r.status < 300, await r.text()
+
+
+def expected_plan(name: str) -> Plan:
+    """What ``unbroken plan`` says for the seed file itself."""
+    job = load_job(SEED / f"{name}.yaml")
+    return plan(job, load_cluster(None, job=job))
+
+
+def run(scenario: Callable[[Any], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with operator_on_kmock() as k8s:
+            await scenario(k8s)
+
+    asyncio.run(main())
+
+
+def test_a_job_becomes_its_planned_pods_and_service() -> None:
+    want = expected_plan("pod-rescheduling-pytorch")
+
+    async def scenario(k8s: Any) -> None:
+        await create(k8s, seed_job("pod-rescheduling-pytorch"))
+        names = [p.name for p in want.pods]
+        pods = [await until(lambda n=n: live(k8s, PODS, n), f"pod {n}") for n in names]
+        job = await until(
+            lambda: (
+                (live(k8s, JOBS, "pod-rescheduling-pytorch") or {}).get("status", {}).get("phase")
+                == "Created"
+                and live(k8s, JOBS, "pod-rescheduling-pytorch")
+            ),
+            "status Created",
+        )
+        for got, planned in zip(pods, want.pods, strict=True):
+            container = got["spec"]["containers"][0]
+            assert {e["name"]: e["value"] for e in container["env"]} == planned.env
+            assert {k: got["metadata"]["labels"][k] for k in planned.labels} == planned.labels
+            assert [p["containerPort"] for p in container["ports"]] == [
+                p.container_port for p in planned.ports
+            ]
+            assert got["spec"]["restartPolicy"] == "Never"
+            (owner,) = got["metadata"]["ownerReferences"]
+            assert owner["kind"] == "AscendJob" and owner["uid"] == job["metadata"]["uid"]
+        assert pods[0]["spec"]["containers"][0]["env"]
+        env0 = {e["name"]: e["value"] for e in pods[0]["spec"]["containers"][0]["env"]}
+        assert env0["NODE_RANK"] == "0" and env0["MASTER_ADDR"] == names[0]
+        service = await until(lambda: live(k8s, SERVICES, "pod-rescheduling-pytorch"), "service")
+        assert service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["selector"] == {"job-name": "pod-rescheduling-pytorch"}
+        assert job["status"]["pods"] == names
+        (created,) = job["status"]["conditions"]
+        assert (created["type"], created["reason"]) == ("Created", "PodsCreated")
+
+    run(scenario)
+
+
+def phase_of(k8s: Any, resource: Any, name: str) -> str | None:
+    obj = live(k8s, resource, name)
+    return None if obj is None else (obj.get("status") or {}).get("phase")
+
+
+async def set_phase(k8s: Any, pod: str, phase: str, reason: str = "") -> None:
+    status = {"phase": phase, **({"reason": reason} if reason else {})}
+    await patch(k8s, f"/api/v1/namespaces/{NS}/pods/{pod}/status", {"status": status})
+
+
+async def running_job(k8s: Any, body: dict[str, Any]) -> tuple[str, list[str]]:
+    """Create the job, wait for its pods, mark them Running, wait for the job to say so."""
+    name = body["metadata"]["name"]
+    await create(k8s, body)
+    job = await until(
+        lambda: phase_of(k8s, JOBS, name) == "Created" and live(k8s, JOBS, name), "Created"
+    )
+    pods: list[str] = job["status"]["pods"]
+    for pod in pods:
+        await until(lambda pod=pod: live(k8s, PODS, pod), f"pod {pod}")
+        await set_phase(k8s, pod, "Running")
+    await until(lambda: phase_of(k8s, JOBS, name) == "Running", "Running")
+    return name, pods
+
+
+def test_a_failed_pod_is_replaced_alone_under_pod_rescheduling() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("pod-rescheduling-pytorch", **{"fault-retry-times": "2"})
+        name, (master, worker) = await running_job(k8s, body)
+        await set_phase(k8s, worker, "Failed", "Error")
+        # The replacement is a new pod: no status yet (no kubelet here), same planned env.
+        await until(
+            lambda: live(k8s, PODS, worker) and phase_of(k8s, PODS, worker) is None, "new pod"
+        )
+        job = await until(
+            lambda: phase_of(k8s, JOBS, name) == "Rescheduling" and live(k8s, JOBS, name),
+            "Rescheduling",
+        )
+        assert job["status"]["reschedules"] == 1
+        rescheduled = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
+        assert [c["reason"] for c in rescheduled] == ["pod-rescheduling"]
+        assert f"{worker} failed" in rescheduled[0]["message"]
+        assert phase_of(k8s, PODS, master) == "Running"  # the other pod was left alone
+        want = {p.name: p.env for p in expected_plan("pod-rescheduling-pytorch").pods}
+        new = live(k8s, PODS, worker)
+        assert new is not None
+        assert {e["name"]: e["value"] for e in new["spec"]["containers"][0]["env"]} == want[worker]
+        assert REPLACING not in (new["metadata"].get("annotations") or {})
+
+    run(scenario)
+
+
+def test_job_rescheduling_replaces_every_pod_until_the_retries_run_out() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("job-rescheduling", **{"fault-retry-times": "1"})
+        name, pods = await running_job(k8s, body)
+        await set_phase(k8s, pods[1], "Failed", "Error")
+        for pod in pods:  # both replaced: neither keeps its Running status
+            await until(
+                lambda pod=pod: live(k8s, PODS, pod) and phase_of(k8s, PODS, pod) is None, pod
+            )
+        job = await until(
+            lambda: (
+                (live(k8s, JOBS, name) or {}).get("status", {}).get("reschedules") == 1
+                and live(k8s, JOBS, name)
+            ),
+            "1 reschedule",
+        )
+        (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
+        assert resched["reason"] == "job-rescheduling"
+        # The second failure finds fault-retry-times spent: the job fails, the pod stays failed.
+        await set_phase(k8s, pods[0], "Failed", "Error")
+        job = await until(
+            lambda: phase_of(k8s, JOBS, name) == "Failed" and live(k8s, JOBS, name), "Failed"
+        )
+        (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+        assert failed["reason"] == "RetriesExhausted"
+        assert "fault-retry-times is 1" in failed["message"]
+        assert phase_of(k8s, PODS, pods[0]) == "Failed"
+        assert job["status"]["reschedules"] == 1
+
+    run(scenario)
+
+
+def test_a_bad_job_gets_a_failed_condition_naming_the_field_and_no_pods() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("job-rescheduling", **{"fault-scheduling": "sometimes"})
+        name = body["metadata"]["name"]
+        await create(k8s, body)
+        job = await until(
+            lambda: phase_of(k8s, JOBS, name) == "Failed" and live(k8s, JOBS, name), "Failed"
+        )
+        (failed,) = job["status"]["conditions"]
+        assert (failed["type"], failed["reason"]) == ("Failed", "InvalidSpec")
+        assert "fault-scheduling" in failed["message"] and "'sometimes'" in failed["message"]
+        assert not [key for key in k8s.objects if key[0] == PODS]
+        assert live(k8s, SERVICES, name) is None
+
+    run(scenario)
+
+
+def test_a_pod_deleted_by_someone_else_is_created_again() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("pod-rescheduling-pytorch")  # no fault-retry-times: deletions still count
+        name, (master, worker) = await running_job(k8s, body)
+        async with k8s.delete(f"/api/v1/namespaces/{NS}/pods/{master}") as r:
+            assert r.status < 300, await r.text()
+        await until(lambda: phase_of(k8s, PODS, master) is None and live(k8s, PODS, master), "back")
+        job = await until(
+            lambda: (
+                (live(k8s, JOBS, name) or {}).get("status", {}).get("reschedules") == 1
+                and live(k8s, JOBS, name)
+            ),
+            "1 reschedule",
+        )
+        (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
+        assert resched["message"].startswith(f"{master} deleted: pod-rescheduling #1")
+        assert phase_of(k8s, PODS, worker) == "Running"
+
+    run(scenario)
