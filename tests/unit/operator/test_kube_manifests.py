@@ -114,3 +114,14 @@ def test_a_malformed_job_is_refused_by_the_crd_schema(change: Any, message: str)
     change(job)
     with pytest.raises(jsonschema.ValidationError, match=message):
         jsonschema.validate(job, _crd_schema())
+
+
+def test_the_deployment_runs_a_module_that_exists() -> None:
+    import importlib.util
+
+    docs = {d["kind"]: d for _, d in _manifests()}
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["python", "-m"]
+    module = container["command"][2]
+    assert module == "unbroken.operator.kube"
+    assert importlib.util.find_spec(module) is not None
