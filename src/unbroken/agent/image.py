@@ -382,6 +382,7 @@ class StoreKeeper:
         self.port = port
         self.pid = proc.pid
         self._sock = sock
+        self._proc = proc
         self._lock = threading.Lock()
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -406,9 +407,13 @@ class StoreKeeper:
             raise RuntimeError(reply[1:].decode(errors="replace"))
         return reply
 
-    def close(self) -> None:
-        """Let the store go: the keeper sees its socket close and exits."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Let the store go: the keeper sees its socket close and exits; waited for up to
+        ``wait_s`` (the image must still run to say so)."""
         self._sock.close()
+        if wait_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(wait_s)
 
 
 # ---- the image --------------------------------------------------------------------------

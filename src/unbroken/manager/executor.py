@@ -1358,6 +1358,9 @@ class Executor:
                 p.reap(5.0)
             else:
                 p.kill_all()
+
+    def close_image(self) -> None:
+        """Let the node image go (after :meth:`stop_all` and the stores' keepers)."""
         if self.image is not None:
             self.image.close()
             self.image = None

@@ -106,11 +106,11 @@ from unbroken.rpc.store import host_store
 log = logging.getLogger(__name__)
 
 
-def let_store_go(store: Any) -> None:
-    """A store of :meth:`JobManager.host_store` ends: a keeper is told to, torch's store
-    closes with its last reference."""
+def let_store_go(store: Any, wait_s: float = 0.0) -> None:
+    """A store of :meth:`JobManager.host_store` ends: a keeper is told to (and waited for up
+    to ``wait_s``), torch's store closes with its last reference."""
     if isinstance(store, StoreKeeper):
-        store.close()
+        store.close(wait_s)
 
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
@@ -357,8 +357,11 @@ class JobManager:
         if self.web is not None:
             self.web.stop()
         self.control_file.unlink(missing_ok=True)
-        let_store_go(self.store)
+        # The store's keeper ends before the image it was forked from: no process of the run
+        # outlives the run.
+        let_store_go(self.store, wait_s=5.0)
         self.store = None
+        self.executor.close_image()
 
     def finish(self, succeeded: bool, reason: str) -> None:
         if self.outcome is not None:
