@@ -16,6 +16,8 @@ import pytest
 from recovery_ranks import Job, Rank, wait_for
 
 from unbroken.checkpoint import find_latest_good, step_dir, verify
+from unbroken.protocol.exitreport import read_exit_report
+from unbroken.protocol.kinds import StepFailure
 from unbroken.worker import Phase
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
@@ -260,6 +262,11 @@ def test_without_a_command_the_survivors_give_up_with_a_clear_reason(
         assert f"no rejoin command arrived in {job.root}/mb/rank{r.rank}-g0 within 2 s" in log
         record = r.record()
         assert (record.phase, record.failed_step, record.recoveries) == (Phase.FAILED, KILL_AT, 0)
+        # Why it ended, as data for its agent: the exception's class, and that a collective
+        # failed under it (an echo of rank 2's death, not a fault of its own).
+        report = read_exit_report(r.heartbeat.path, r.proc.pid)
+        assert report is not None, log
+        assert (report.exception, report.failure) == ("RecoveryFailed", StepFailure.COLLECTIVE)
 
 
 def test_without_a_decision_the_survivors_give_up_at_mindio_wait_mindx_time(

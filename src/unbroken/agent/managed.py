@@ -50,6 +50,7 @@ from unbroken.agent.ranks import (
     reap_orphans,
     start_zygote,
 )
+from unbroken.protocol.exitreport import read_exit_report
 from unbroken.protocol.heartbeat import HeartbeatReader, HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.mailbox import MailboxWriter
@@ -475,6 +476,7 @@ class ManagedAgent:
                 ex = dataclasses.replace(ex, ended_after_failure=True)
             log.warning("rank %d (pid %d) %s", ex.rank, ex.pid, ex.describe())
             snap = self._readers[ex.rank].read() if ex.rank in self._readers else None
+            ex = self._as_reported(ex, snap)
             self._send(
                 RankExited(
                     rank=ex.rank,
@@ -486,8 +488,24 @@ class ManagedAgent:
                     traceback=ex.traceback[-8000:],
                     peer_failure=ex.peer_failure,
                     committed=snap.committed if snap is not None and snap.pid == ex.pid else None,
+                    exception=ex.exception,
                 )
             )
+
+    def _as_reported(self, ex: RankExit, snap: HeartbeatRecord | None) -> RankExit:
+        """``ex`` with what the rank itself said of its end: the exit report its exception hook
+        wrote, else the failure of the step it was stopped in (its heartbeat)."""
+        if ex.rank not in self._readers:
+            return ex
+        report = read_exit_report(self._readers[ex.rank].path, ex.pid)
+        if report is not None:
+            return dataclasses.replace(
+                ex, reported_failure=report.failure, exception=report.exception
+            )
+        stopped = snap is not None and snap.pid == ex.pid and snap.failed_step >= 0
+        if ex.ended_after_failure and snap is not None and stopped:
+            return dataclasses.replace(ex, reported_failure=StepFailure(snap.failure))
+        return ex
 
     def _drain_commands(self) -> int | None:
         while True:

@@ -2,9 +2,11 @@
 
 A rank's stdout and stderr go to its own log file per incarnation. When a rank exits, a
 :class:`RankExit` says how: a signal (SIGKILL from outside, a node loss), a non-zero exit with the
-Python traceback taken from the log, or success. A rank that died because a *peer* died (gloo
-reports the closed connection) is marked ``peer_failure`` so the manager can tell the first fault
-from its echoes.
+Python traceback taken from the log, or success. A rank that died because a *peer* died (its
+collective failed) is marked ``peer_failure`` so the manager can tell the first fault from its
+echoes. A rank that uses the worker API says so itself, as data: its exception hook writes an
+exit report (:mod:`unbroken.protocol.exitreport`) with the exception's class and whether a
+collective failed under it; only for a script without it are the traceback's words read.
 
 A rank starts either as a new Python process or forked from the agent's zygote
 (:mod:`unbroken.agent.standby`, torch already imported). A forked rank is the agent's child
@@ -33,23 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unbroken.agent.image import OwnChild, pid_exists
+from unbroken.protocol.exitreport import is_collective_error_text
+from unbroken.protocol.kinds import StepFailure
 
 log = logging.getLogger(__name__)
-
-#: Phrases with which gloo/c10d report that the failure came from another rank.
-_PEER_FAILURE_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "Socket closed",
-    "Connection refused",
-    "connectFullMesh",
-    "Timed out waiting",
-    "Gloo",
-    "ProcessGroupGloo",
-    "DistBackendError",
-    "DistNetworkError",
-)
 
 
 @dataclass(frozen=True)
@@ -76,11 +65,20 @@ class RankExit:
         return self.returncode == 0
 
     ended_after_failure: bool = False  # its agent killed it once its training loop had failed
+    #: What the rank itself said of its end (:mod:`unbroken.protocol.exitreport`, or the failure
+    #: of the step it was stopped in): None when it said nothing.
+    reported_failure: StepFailure | None = None
+    exception: str = ""  # the class of the exception that ended it, as the rank reported it
 
     @property
     def peer_failure(self) -> bool:
-        """The rank failed because a peer did (its traceback is a collective/network error)."""
-        return (self.returncode > 0 or self.ended_after_failure) and is_peer_failure(self.traceback)
+        """The rank failed because a collective did (a peer went away): what the rank reported,
+        else (a script without the worker API) what its traceback's words say."""
+        if not (self.returncode > 0 or self.ended_after_failure):
+            return False
+        if self.reported_failure is not None:
+            return self.reported_failure is StepFailure.COLLECTIVE
+        return is_peer_failure(self.traceback)
 
     def describe(self) -> str:
         if self.succeeded:
@@ -92,8 +90,9 @@ class RankExit:
 
 
 def is_peer_failure(traceback_text: str) -> bool:
-    last_lines = "\n".join(traceback_text.strip().splitlines()[-6:])
-    return any(marker in last_lines for marker in _PEER_FAILURE_MARKERS)
+    """The fallback for a rank that reported nothing (a script without the worker API): its
+    traceback's words are those of a failed collective."""
+    return is_collective_error_text(traceback_text)
 
 
 def extract_traceback(log_path: Path, max_bytes: int = 64 * 1024, start: int = 0) -> str:

@@ -13,14 +13,15 @@ Every fault the job manager hands to the policy is built here, from a typed repo
 - a hang (:class:`RankHung`), a lost node (its agent fell silent), a device fault from the
   health provider (on a device no rank of the job runs on: :class:`IdleDeviceFault`).
 
-Echoes. When a rank dies, its peers' collectives fail too: they exit with gloo's "connection
-closed" (the agent sets ``peer_failure``) or, when they can recover in process, report a failed
-collective. Those ranks did nothing wrong and must not be blamed: their reports are *held*
-(:meth:`Detector.settle`) for ``settle_s`` so that the first fault, the peer's death, is the one
-handled; when it comes, the echoes are dropped with it. Only echoes and no cause after the wait
-(or, while an agent is silent, after the time it takes to declare its node lost): the first
-echo is the fault (a collective failed with every peer alive is a link fault, retryable).
-During a recovery ranks leave their groups on purpose, so a failed collective then is no fault.
+Echoes. When a rank dies, its peers' collectives fail too: they exit having said that a
+collective failed under them (their exit report; the agent sets ``peer_failure``) or, when they
+can recover in process, report a failed collective. Those ranks did nothing wrong and must
+not be blamed: their reports are *held* (:meth:`Detector.settle`) for ``settle_s`` so that the
+first fault, the peer's death, is the one handled; when it comes, the echoes are dropped with
+it. Only echoes and no cause after the wait (or, while an agent is silent, after the time it
+takes to declare its node lost): the first echo is the fault (a collective failed with every
+peer alive is a link fault, retryable). During a recovery ranks leave their groups on purpose,
+so a failed collective then is no fault.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def exit_fault(report: RankExited, where: Where, codes: CodeTable) -> Fault:
     sig = report.signal
     if sig:
         kind, code = FaultKind.PROCESS_EXIT, f"signal:{sig}"
-    elif "Traceback (most recent call last)" in tb:
+    elif report.exception:  # the rank said which exception ended it
+        kind, code = FaultKind.EXCEPTION, report.exception
+    elif "Traceback (most recent call last)" in tb:  # a script without the worker API
         kind, code = FaultKind.EXCEPTION, _exception_name(tb)
     else:
         kind, code = FaultKind.PROCESS_EXIT, f"exit:{report.returncode}"

@@ -123,7 +123,9 @@ class RanksRejoined:
 class RankExited:
     """A rank's process ended without the agent asking it to. ``signal``: the signal name when
     a signal ended it (None when the agent ended it after a failure it saw: then
-    ``ended_after_failure``); ``peer_failure``: its traceback says a peer went away (an echo);
+    ``ended_after_failure``); ``peer_failure``: it failed because a collective did (a peer went
+    away: an echo); ``exception``: the class of the exception that ended it, as the rank
+    reported it (:mod:`unbroken.protocol.exitreport`; "" when it reported none);
     ``committed``: the steps its last heartbeat record counted."""
 
     rank: int
@@ -135,6 +137,7 @@ class RankExited:
     traceback: str = ""
     peer_failure: bool = False
     committed: int | None = None
+    exception: str = ""
 
 
 @dataclass(frozen=True)
@@ -354,6 +357,7 @@ def _event(body: Mapping[str, Any]) -> Event:
                 traceback=str(body.get("traceback") or ""),
                 peer_failure=bool(body.get("peer_failure")),
                 committed=_opt_int(body, "committed"),
+                exception=str(body.get("exception") or ""),
             )
         case "rank-failed":
             failure = _FAILURES.get(str(_get(body, "failure")))

@@ -49,6 +49,8 @@ import torch
 import torch.distributed as dist
 
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
+from unbroken.protocol.exitreport import ExitReport, is_collective_error_text, write_exit_report
+from unbroken.protocol.kinds import StepFailure
 from unbroken.worker import agreement, forks, rng, vranks
 from unbroken.worker.agreement import ReplicasDiverged
 from unbroken.worker.chaos import RankChaos, install_signal_fault
@@ -494,8 +496,24 @@ class Session:
         exc: BaseException,
         tb: TracebackType | None,
     ) -> None:
+        self._report_exit(exc_type, exc)
         self._fail()
         self._previous_excepthook(exc_type, exc, tb)
+
+    def _report_exit(self, exc_type: type[BaseException], exc: BaseException) -> None:
+        """Tell the agent, as data, why this process ends (:mod:`unbroken.protocol.exitreport`):
+        the exception's class and whether a collective failed under it."""
+        if self.heartbeat is None or self._closed:
+            return
+        snap = self.heartbeat.snapshot()
+        if snap.failed_step >= 0 and snap.failure:
+            failure = StepFailure(snap.failure)  # the failed step's own reason
+        else:
+            failure = StepFailure.COLLECTIVE if _collective_error(exc) else StepFailure.NONE
+        lines = str(exc).strip().splitlines()
+        report = ExitReport(os.getpid(), exc_type.__name__, lines[0] if lines else "", failure)
+        with contextlib.suppress(OSError):
+            write_exit_report(self.heartbeat.path, report)
 
     def _shutdown(self, *, exiting: bool = False) -> None:
         global _active
@@ -674,3 +692,16 @@ def init(
     _active = session
     session._start()
     return session
+
+
+def _collective_error(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is a failed collective: a
+    ``torch.distributed`` error, or a gloo error (a plain ``RuntimeError``) by its words."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, dist.DistError) or is_collective_error_text(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from unbroken.agent.ranks import RankExit, extract_traceback, is_peer_failure
+from unbroken.protocol.kinds import StepFailure
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +47,18 @@ def test_a_collective_error_is_an_echo_of_a_peer() -> None:
     assert _exit(1, GLOO_TB).peer_failure
     assert is_peer_failure(GLOO_TB)
     assert not is_peer_failure(USER_TB)
+
+
+def test_what_the_rank_reported_wins_over_the_words_of_its_traceback() -> None:
+    """A rank that used the worker API said why it ended (its exit report or the failure of its
+    stopped step): that is taken as it is; the traceback's words only for one that said
+    nothing."""
+    gloo_but_own = replace(_exit(1, GLOO_TB), reported_failure=StepFailure.NONE)
+    assert not gloo_but_own.peer_failure
+    user_but_collective = replace(_exit(1, USER_TB), reported_failure=StepFailure.COLLECTIVE)
+    assert user_but_collective.peer_failure
+    killed = replace(_exit(-9), reported_failure=StepFailure.COLLECTIVE)
+    assert not killed.peer_failure  # a signal ended it, whatever it was doing
 
 
 def test_the_last_traceback_of_a_log_is_taken(tmp_path: Path) -> None:

@@ -68,6 +68,18 @@ def _detector() -> Detector:
             "rank 2 (pid 102) raised an exception: [rank2]: unbroken.x.ReplicasDiverged: apart",
         ),
         (_exit(returncode=3), FaultKind.PROCESS_EXIT, "exit:3", "rank 2 (pid 102) exited 3"),
+        (  # the rank reported its exception: its class is the code, whatever the log says
+            _exit(traceback=TB + "RuntimeError: wrapped", exception="KeyError"),
+            FaultKind.EXCEPTION,
+            "KeyError",
+            "rank 2 (pid 102) exited 1: RuntimeError: wrapped",
+        ),
+        (  # reported with no traceback found in the log: still an exception, by its class
+            _exit(exception="ValueError"),
+            FaultKind.EXCEPTION,
+            "ValueError",
+            "rank 2 (pid 102) exited 1",
+        ),
     ],
 )
 def test_an_exit_is_a_fault_of_its_rank(
