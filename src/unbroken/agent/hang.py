@@ -146,9 +146,10 @@ class Silence:
 
 def hung(record: HeartbeatRecord, timeout_s: float, now: float) -> Silence | None:
     """Whether ``record``'s rank is hung at ``now``: its tick *and* its progress are older than
-    ``timeout_s``."""
-    stale_s = now - record.tick_at
-    progress_at = max(record.step_at, record.committed_at)
+    ``timeout_s``. A stamp not yet written (0.0) counts from the process's start, never from
+    the epoch: a record without them says nothing of a hang."""
+    stale_s = now - (record.tick_at or record.started_at or now)
+    progress_at = max(record.step_at, record.committed_at) or record.started_at or now
     if stale_s > timeout_s and now - progress_at > timeout_s:
         return Silence(silent_s=stale_s, timeout_s=timeout_s)
     return None

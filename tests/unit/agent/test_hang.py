@@ -110,6 +110,16 @@ def test_a_hang_needs_both_the_tick_and_the_progress_to_stop(
         assert silence.silent_s == pytest.approx(tick_age_s)
 
 
+def test_stamps_not_yet_written_count_from_the_start_not_from_the_epoch() -> None:
+    """A record read with no tick and no progress stamped (0.0) is measured from the process's
+    start: a replacement that started a moment ago is not "silent for 56 years"."""
+    now = T0 + 100.0
+    fresh = _rec(20, 0.0, step_at=0.0, tick_at=0.0, started_at=now - 0.2)
+    assert hung(fresh, 0.5, now) is None
+    assert hung(fresh, 0.5, now + 1.0) is not None  # still silent well after its start
+    assert hung(_rec(20, 0.0, step_at=0.0, tick_at=0.0), 0.5, now) is None
+
+
 def test_a_hang_is_caught_within_three_step_times() -> None:
     """The rank stops right after a commit: the agent sees it hung once three step times
     have passed, not before."""
