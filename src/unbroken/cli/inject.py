@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from unbroken.chaos import InjectKind
-from unbroken.cli.rundir import RunDirError, control_of, find_run
-from unbroken.rpc import ControlClient, RpcError
+from unbroken.cli.control import call_run
+from unbroken.cli.rundir import RunDirError, find_run
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,11 +65,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"unbroken inject: --peer is for link faults, not {kind}", file=sys.stderr)
         return 2
     try:
-        control = control_of(find_run(args.run))
+        run_dir = find_run(args.run)
     except RunDirError as exc:
         print(f"unbroken inject: {exc}", file=sys.stderr)
         return 1
-    client = ControlClient(str(control["address"]), str(control["secret"]), timeout_s=15.0)
     body = {
         "kind": kind.value,
         "rank": args.rank,
@@ -80,15 +79,8 @@ def run(args: argparse.Namespace) -> int:
         "clear": args.clear,
         "peer": args.peer,
     }
-    try:
-        reply = client.call("Inject", body)
-    except RpcError as exc:
-        print(f"unbroken inject: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if not reply.get("ok"):
-        print(f"unbroken inject: {reply.get('error')}", file=sys.stderr)
+    reply = call_run("inject", run_dir, "Inject", body)
+    if reply is None:
         return 1
     print(reply.get("detail", "injected"))
     return 0

@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from unbroken.cli.rundir import RunDirError, control_of, find_run
-from unbroken.rpc import ControlClient, RpcError
+from unbroken.cli.control import call_run
+from unbroken.cli.rundir import RunDirError, find_run
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,20 +29,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     try:
-        control = control_of(find_run(args.run))
+        run_dir = find_run(args.run)
     except RunDirError as exc:
         print(f"unbroken release: {exc}", file=sys.stderr)
         return 1
-    client = ControlClient(str(control["address"]), str(control["secret"]), timeout_s=15.0)
-    try:
-        reply = client.call("Release", {"node": args.node, "device": args.device})
-    except RpcError as exc:
-        print(f"unbroken release: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if not reply.get("ok"):
-        print(f"unbroken release: {reply.get('error')}", file=sys.stderr)
+    reply = call_run("release", run_dir, "Release", {"node": args.node, "device": args.device})
+    if reply is None:
         return 1
     print(reply.get("detail", "released"))
     return 0

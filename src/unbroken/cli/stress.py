@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unbroken.cli.rundir import RunDirError, control_of, find_run
+from unbroken.cli.control import call_run
+from unbroken.cli.rundir import RunDirError, find_run
 from unbroken.ledger import Ledger, LedgerError
-from unbroken.rpc import ControlClient, RpcError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,20 +34,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     try:
         run_dir = find_run(args.run)
-        control = control_of(run_dir)
     except RunDirError as exc:
         print(f"unbroken stress-test: {exc}", file=sys.stderr)
         return 1
-    client = ControlClient(str(control["address"]), str(control["secret"]), timeout_s=15.0)
-    try:
-        reply = client.call("StressTest", {})
-    except RpcError as exc:
-        print(f"unbroken stress-test: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if not reply.get("ok"):
-        print(f"unbroken stress-test: {reply.get('error')}", file=sys.stderr)
+    reply = call_run("stress-test", run_dir, "StressTest", {})
+    if reply is None:
         return 1
     print(reply.get("detail", "stress test requested"), flush=True)
     return _follow(run_dir, int(reply["round"]), args.timeout)
