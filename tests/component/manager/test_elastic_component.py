@@ -8,10 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_manager_component import PODS, T0, FakeAgentProcess, Job, ScriptedAgent, _job
+from test_manager_component import (
+    PODS,
+    T0,
+    Job,
+    ScriptedAgent,
+    _job,
+    placement_as_edges,
+)
 
 from unbroken.manager.elastic import ElasticState
-from unbroken.manager.pods import PodProcess
 from unbroken.protocol.heartbeat import Phase
 from unbroken.protocol.messages import (
     AgentHello,
@@ -21,7 +27,6 @@ from unbroken.protocol.messages import (
     RejoinRanks,
     decode_answer,
 )
-from unbroken.scheduler import Binding
 from unbroken.spec.knobs import Strategy
 
 pytestmark = pytest.mark.component
@@ -37,22 +42,7 @@ def _elastic_job(
     job = _job(tmp_path, monkeypatch, Strategy.RECOVER, Strategy.ELASTIC_TRAINING, nodes=2)
     ex = job.m.executor
     ex.elastic = ElasticState(ex.job, 1)
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
-    started: list[tuple[str, str, int]] = []
-
-    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:
-        for pod in pods:
-            ex.cluster = ex.cluster.release(pod)
-            job.m.pods.pop(pod, None)
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, node, gen))
-        job.m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ex, "_stop", stop)
-    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    started = placement_as_edges(job, monkeypatch)
     # The lost node's processes are an edge too: nothing to kill here.
     monkeypatch.setattr(job.m.pods[PODS[1]], "kill_all", lambda: [])
     return job, started

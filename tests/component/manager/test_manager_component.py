@@ -154,6 +154,30 @@ class Job:
         return [r.data for r in self.m.ledger.events(kinds=[kind])]
 
 
+def placement_as_edges(job: Job, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
+    """Each pod bound to node-i, and stopping and starting agents made edges: a stop releases
+    the pod's binding, a start records (pod, node, generation) in the list returned and puts a
+    fake agent in its place; no processes."""
+    ex = job.m.executor
+    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    started: list[tuple[str, str, int]] = []
+
+    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:
+        for pod in pods:
+            ex.cluster = ex.cluster.release(pod)
+            job.m.pods.pop(pod, None)
+
+    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
+        started.append((pod, node, gen))
+        job.m.pods[pod] = PodProcess(
+            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
+        )  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ex, "_stop", stop)
+    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    return started
+
+
 def _job(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -8,12 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_manager_component import PODS, T0, FakeAgentProcess, Job, _job
+from test_manager_component import PODS, Job, _job, placement_as_edges
 
 from unbroken.devices import DeviceFaulted, DeviceRecovered
-from unbroken.manager.pods import PodProcess
 from unbroken.protocol.heartbeat import Phase
-from unbroken.scheduler import Binding
 
 pytestmark = pytest.mark.component
 
@@ -28,24 +26,7 @@ def _pod_level_job(
     job = _job(tmp_path, monkeypatch, nodes=2)
     fh = replace(job.m.fh, pod_rescheduling=True, fault_retry_times=3)
     job.m.fh = job.m.executor.fh = fh
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
-    started: list[tuple[str, str, int]] = []
-
-    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:
-        for pod in pods:
-            ex.cluster = ex.cluster.release(pod)
-            job.m.pods.pop(pod, None)
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, node, gen))
-        job.m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ex, "_stop", stop)
-    monkeypatch.setattr(ex, "_start_agent", start_agent)
-    return job, started
+    return job, placement_as_edges(job, monkeypatch)
 
 
 def _device_fault(job: Job) -> None:
