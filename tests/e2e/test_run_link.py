@@ -23,6 +23,7 @@ pytestmark = [
 ]
 
 LINK = FIXTURES / "chaos-link.yaml"
+LINK_MID = FIXTURES / "chaos-link-mid.yaml"  # between checkpoints
 
 
 def test_a_link_fault_is_re_executed_by_op_retry_without_recovery(
@@ -46,7 +47,7 @@ def test_a_link_fault_is_re_executed_by_op_retry_without_recovery(
 def test_a_link_fault_without_op_retry_is_retried_online(
     run_dir: Path, fault_free: Reference
 ) -> None:
-    res = run_job(run_dir, "--chaos", LINK, job=FIXTURES / "process-retry.yaml")
+    res = run_job(run_dir, "--chaos", LINK_MID, job=FIXTURES / "process-retry.yaml")
     assert res.rc == 0, res.explain()
     assert "step 60/60; 1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
     assert digest(run_dir) == fault_free.digest
@@ -55,7 +56,7 @@ def test_a_link_fault_without_op_retry_is_retried_online(
     before, after = split_at_fault(evs)
     fault, decision = after[0], after[1]
     assert fault["source"] == "link" and fault["code"] == "collective-failed", fault
-    assert fault["step"] == 20 and "no peer was lost" in fault["detail"], fault
+    assert fault["step"] == 25 and "no peer was lost" in fault["detail"], fault
     assert decision["strategy"] == "retry", decision
     assert decision["commands"][0].startswith("RetryOnline("), decision
     assert of_kind(after, "RecoveryCompleted", strategy="retry"), after
