@@ -25,6 +25,7 @@ class RankView:
     committed_at: float = 0.0
     start_step: int = -1
     step_time_s: float = 0.0
+    compute_time_s: float = 0.0  # step ``committed - 1``: start -> gradient collective; 0: unknown
     tick_at: float = 0.0
     comm_ready_at: float = 0.0
     state_loaded_at: float = 0.0
@@ -50,6 +51,7 @@ class RankView:
         self.committed_at = rec.committed_at
         self.start_step = rec.start_step
         self.step_time_s = rec.step_time_s
+        self.compute_time_s = rec.compute_time_s
         self.tick_at = rec.tick_at
         self.comm_ready_at = rec.comm_ready_at
         self.state_loaded_at = rec.state_loaded_at

@@ -47,8 +47,8 @@ from pathlib import Path
 from unbroken.protocol.kinds import StepFailure
 
 MAGIC = b"UBHB"
-VERSION = 2
-RECORD_SIZE = 256
+VERSION = 3
+RECORD_SIZE = 512
 DEFAULT_INTERVAL_S = 0.1
 
 HEADER = struct.Struct("<4sHHQ")  # magic, version, record size, sequence number
@@ -125,6 +125,8 @@ class HeartbeatRecord:
     dumped_step: int = -1  # the step of the last-words checkpoint this rank wrote; -1: none
     dumped_at: float = 0.0  # when it was committed (its manifest written)
     dump_failed_at: float = 0.0  # when this rank's last attempt at last words failed
+    # Stragglers (format version 3): the part of a step this rank computes alone
+    compute_time_s: float = 0.0  # step ``committed - 1``: start -> gradient collective; 0: unknown
 
 
 # Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.

@@ -120,6 +120,9 @@ class Session:
         self._stop_timeout_s = stop_timeout_s
         self._step_time_s = 0.0
         self._step_began = 0.0
+        # Start of the step -> entering its gradient collective: the part a rank computes alone
+        # (in lockstep training the whole step takes the slowest rank's time on every rank).
+        self._compute_s = 0.0
         self._first_commit = True
         self._closed = False
         self._stop = StopSignal(self._on_stop_request, self._stop_deadline_s)
@@ -174,6 +177,8 @@ class Session:
     def reduce_gradients(self) -> None:
         """Sum the virtual ranks' gradients in their fixed order (collective); a failed
         collective fails the step, as a failed DDP all-reduce does."""
+        if self._compute_s == 0.0:
+            self._compute_s = time.monotonic() - self._step_began
         grads = self._virtual()
         if self._recovery is None:
             grads.reduce(plain_all_gather, self.world_size)
@@ -314,6 +319,7 @@ class Session:
             fail = self._recovery.sync.fail_step if self._recovery is not None else None
             self._chaos.before_step(step, self.model, fail, _store_ports())
         self._step_began = time.monotonic()
+        self._compute_s = 0.0
         if self.heartbeat is not None:
             if self._first_commit:
                 self.heartbeat.update(phase=Phase.TRAINING, step=step, step_at=time.time())
@@ -370,11 +376,15 @@ class Session:
                     committed=self._committed,
                     committed_at=now,
                     step_time_s=self._step_time_s,
+                    compute_time_s=self._compute_s,
                     first_commit_at=now,
                 )
             else:
                 self.heartbeat.update(
-                    committed=self._committed, committed_at=now, step_time_s=self._step_time_s
+                    committed=self._committed,
+                    committed_at=now,
+                    step_time_s=self._step_time_s,
+                    compute_time_s=self._compute_s,
                 )
         self._first_commit = False
 
