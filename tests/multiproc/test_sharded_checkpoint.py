@@ -157,3 +157,28 @@ def test_replicas_of_a_shard_are_compared_and_a_difference_is_caught(tmp_path: P
             assert text.startswith("diverged\nreplicas diverged at step 4: rank(s) 3 differ "), text
             assert "from rank 1 in model;" in text
             assert text.endswith("[3] ['model']\n")
+
+
+def test_hsdp_rank_that_lost_its_state_is_repaired_from_the_other_replica_group(
+    tmp_path: Path,
+) -> None:
+    """HSDP 2 x 2: rank 3 loses its model and optimizer shards after step 3 (a replacement's
+    new model and empty optimizer). Source rank 0 does not hold rank 3's shard; the repair
+    takes it from rank 1, which does, and the run ends bitwise equal to one without the loss.
+    """
+    script = REPO / "tests" / "multiproc" / "sharded_repair_rank.py"
+    results = []
+    for lose, out in ((-1, tmp_path / "clean"), (3, tmp_path / "repaired")):
+        out.mkdir()
+        cluster = Cluster(out, world_size=4, script=script)
+        try:
+            cluster.start(["--out", str(out), "--lose", str(lose)], managed=False).expect_success()
+        finally:
+            cluster.close()
+        results.append((out / "result.txt").read_text().splitlines())
+        logs = "".join(p.read_text() for p in out.rglob("*.log"))
+        if lose >= 0:
+            assert "repairing rank(s) 3 from rank 1 at step 3" in logs, logs[-3000:]
+    assert results[0][0] == "[]"
+    assert results[1][0] == "[3]"
+    assert results[1][1] == results[0][1]

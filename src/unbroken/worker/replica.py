@@ -25,6 +25,12 @@ The protocol runs over a freshly built process group, on every rank of it:
    rank raises :class:`ReplicaError` naming the ranks that differ. A run never continues on a
    silently diverged replica.
 
+Sharded state (:mod:`unbroken.worker.sharding`): each shard is compared among, sent from and
+verified against the ranks that hold it, each from its own source (HSDP: the rank at the same
+shard position of another replica group). ``DTensor`` parameters and optimizer state travel as
+their local shards, received into the parameters' storage, and the optimizer state is made
+shards of the parameter's mesh again before it is loaded.
+
 A collective that fails during any of this (the source died mid-transfer, a peer hung past
 the group's timeout) raises :class:`ReplicaError`; a receiver may then hold partial state, so
 the caller must not train on.
@@ -41,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.trainstate import TrainState
@@ -115,20 +122,20 @@ def local_state(
     return RankState(dist.get_rank(), committed, flags, state.digest(committed))
 
 
-def repair(
-    state: TrainState,
-    committed: int,
-    *,
-    source: int,
-    step: int,
-    suspect: bool = False,
-    fresh: bool = False,
-    timeout_s: float = 30.0,
-) -> Repaired:
-    """Run the protocol above on the default process group (collective); see the module doc."""
-    me = local_state(state, committed, suspect=suspect, fresh=fresh)
-    states = _gather(me, None)
-    src = states[source]
+def _shard_source(states: list[RankState], holders: tuple[int, ...], source: int, step: int) -> int:
+    """The rank that sends the shard ``holders`` hold: ``source`` when it holds it, otherwise
+    the first holder that committed ``step`` steps and is neither suspect nor a replacement
+    (the command's ``source`` first, else ``holders[0]``, so the caller's error names it)."""
+    if source in holders:
+        return source
+    for rank in holders:
+        s = states[rank]
+        if not s.fresh and not s.suspect and s.committed == step:
+            return rank
+    return holders[0]
+
+
+def _check_source(states: list[RankState], src: RankState, step: int) -> None:
     if src.fresh or src.suspect or src.committed != step:
         why = (
             "is a replacement process without training state"
@@ -139,48 +146,89 @@ def repair(
             else f"has committed {src.committed} steps"
         )
         raise ReplicaError(
-            f"rank {source} cannot be the replica source for resuming at step {step}: it "
+            f"rank {src.rank} cannot be the replica source for resuming at step {step}: it "
             f"{why}; ranks report: " + "; ".join(s.describe() for s in states)
         )
-    receivers = tuple(
-        s.rank
-        for s in states
-        if s.rank != source
-        and (s.committed != src.committed or s.digest != src.digest or s.suspect)
-    )
+
+
+def repair(
+    state: TrainState,
+    committed: int,
+    *,
+    source: int,
+    step: int,
+    suspect: bool = False,
+    fresh: bool = False,
+    timeout_s: float = 30.0,
+) -> Repaired:
+    """Run the protocol above on the default process group (collective); see the module doc.
+
+    With sharded state (:mod:`unbroken.worker.sharding`) each shard is repaired from a rank
+    that holds it: ``source`` for its own shard, the first healthy holder for every other
+    (HSDP: the rank at the same shard position of another replica group). A shard whose every
+    holder is a replacement or suspect has no replica to come from: :class:`ReplicaError`."""
+    me = local_state(state, committed, suspect=suspect, fresh=fresh)
+    states = _gather(me, None)
+    sharding = state.sharding
+    if sharding.world_size != len(states):
+        raise ReplicaError(
+            f"the session's layout is of {sharding.world_size} ranks, the group has {len(states)}"
+        )
+    shard_groups = sorted({sharding.holders(r) for r in range(len(states))})
+    sources = {holders: _shard_source(states, holders, source, step) for holders in shard_groups}
+    for src_rank in sources.values():
+        _check_source(states, states[src_rank], step)
+    receivers_of = {
+        holders: tuple(
+            r
+            for r in holders
+            if r != src_rank
+            and (
+                states[r].committed != states[src_rank].committed
+                or states[r].digest != states[src_rank].digest
+                or states[r].suspect
+            )
+        )
+        for holders, src_rank in sources.items()
+    }
+    receivers = tuple(sorted(r for rs in receivers_of.values() for r in rs))
     received = me.rank in receivers
     if receivers:
         logger.warning(
-            "repairing rank(s) %s from rank %d at step %d (%s)",
+            "repairing rank(s) %s from rank %s at step %d (%s)",
             ", ".join(map(str, receivers)),
-            source,
+            ", ".join(str(sources[h]) for h in shard_groups if receivers_of[h]),
             step,
             "; ".join(s.describe() for s in states if s.rank in receivers),
         )
-    if me.rank == source or received:
+    mine = sharding.holders(me.rank)
+    my_source, my_receivers = sources[mine], receivers_of[mine]
+    if my_receivers and (me.rank == my_source or received):
         group = dist.new_group(
-            ranks=[source, *receivers],
+            ranks=[my_source, *my_receivers],
             backend="gloo",
             timeout=timedelta(seconds=timeout_s),
             use_local_synchronization=True,
         )
         try:
-            if me.rank == source:
-                _send(state, committed, source, group)
+            if me.rank == my_source:
+                _send(state, committed, my_source, group)
             else:
-                committed = _receive(state, source, group, fresh=fresh)
+                committed = _receive(state, my_source, group, fresh=fresh)
         finally:
             dist.destroy_process_group(group)
     after = _gather(local_state(state, committed, fresh=False), None)
     differ = [
         s
-        for s in after
-        if (s.committed, s.digest) != (after[source].committed, after[source].digest)
+        for holders, src_rank in sources.items()
+        for s in (after[r] for r in holders)
+        if (s.committed, s.digest) != (after[src_rank].committed, after[src_rank].digest)
     ]
     if differ:
+        named = ", ".join(str(sources[sharding.holders(s.rank)]) for s in differ)
         raise ReplicaError(
             f"ranks {', '.join(str(s.rank) for s in differ)} differ from the replica source "
-            f"rank {source} after the repair: " + "; ".join(s.describe() for s in after)
+            f"rank(s) {named} after the repair: " + "; ".join(s.describe() for s in after)
         )
     return Repaired(step=committed, received=received, receivers=receivers)
 
@@ -199,14 +247,18 @@ def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[to
     """The JSON description of this rank's state and the tensors it references, in order."""
     tensors: list[torch.Tensor] = []
     model_entries = []
-    for name, tensor in state.module.state_dict().items():
+    for name, tensor in _local_state_dict(state.module).items():
         model_entries.append({"name": name, "tensor": len(tensors)})
         tensors.append(tensor.detach().contiguous())
     try:
         sd = state.optimizer.state_dict()
         optimizer = {
             "state": [
-                {"param": int(index), "values": encode(values, tensors, "optimizer state")}
+                {
+                    "param": int(index),
+                    "values": encode(_locals(values), tensors, "optimizer state"),
+                    "dtensor": sorted(k for k, v in values.items() if isinstance(v, DTensor)),
+                }
                 for index, values in sd["state"].items()
             ],
             "param_groups": [encode(g, tensors, "optimizer group") for g in sd["param_groups"]],
@@ -231,6 +283,45 @@ def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[to
         "tensors": table,
     }
     return description, tensors
+
+
+def _local_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's state dict with each ``DTensor`` as this rank's local shard (a view of the
+    parameter's storage, so a shard received into it lands in the parameter)."""
+    return {
+        name: value.to_local() if isinstance(value, DTensor) else value
+        for name, value in module.state_dict().items()
+    }
+
+
+def _locals(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v.to_local() if isinstance(v, DTensor) else v for k, v in values.items()}
+
+
+def _as_dtensors(
+    values: Mapping[str, Any], keys: list[str], param: torch.Tensor, index: int
+) -> dict[str, Any]:
+    """The optimizer state of one parameter with the entries the source held as ``DTensor``
+    shards (``keys``) made shards of ``param``'s mesh and placements again."""
+    if not keys:
+        return dict(values)
+    if not isinstance(param, DTensor):
+        raise ReplicaError(
+            f"the replica's optimizer state of parameter {index} is sharded, this rank's "
+            "parameter is not"
+        )
+    out = dict(values)
+    for key in keys:
+        local = values[key]
+        out[key] = DTensor.from_local(
+            local,
+            param.device_mesh,
+            param.placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
+    return out
 
 
 def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> None:
@@ -289,7 +380,7 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
     dist.broadcast(payload, src=source, group=group)
     description = json.loads(payload.numpy().tobytes().decode())
     table: list[dict[str, Any]] = description["tensors"]
-    own = state.module.state_dict()
+    own = _local_state_dict(state.module)
     _check_model(own, description["model"], table)
     own_groups = state.optimizer.state_dict()["param_groups"]
     sent_sizes = [_group_size(g) for g in description["optimizer"]["param_groups"]]
@@ -320,8 +411,14 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
                 tensor.copy_(received)
     committed = int(description["committed"])
     try:
+        params = [p for g in state.optimizer.param_groups for p in g["params"]]
         optim_state = {
-            int(item["param"]): decode(item["values"], tensors)
+            int(item["param"]): _as_dtensors(
+                decode(item["values"], tensors),
+                [str(k) for k in item.get("dtensor", [])],
+                params[int(item["param"])],
+                int(item["param"]),
+            )
             for item in description["optimizer"]["state"]
         }
         groups = [decode(g, tensors) for g in description["optimizer"]["param_groups"]]
@@ -333,6 +430,6 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
                 raise ReplicaError("the replica sends no data position; this rank has a loader")
             if fresh or not state.data.rewind(committed):
                 state.data.load(decode(sent, tensors))
-    except (StateCodecError, ValueError, KeyError, TypeError) as e:
+    except (StateCodecError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ReplicaError(f"the replica's state cannot be loaded here: {e}") from e
     return committed
