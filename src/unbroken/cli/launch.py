@@ -1,7 +1,9 @@
 """``unbroken launch``: the per-pod agent, a drop-in for ``torchrun``.
 
 Under ``unbroken run`` (the control plane sets ``UNBROKEN_CONTROL``) the agent reports to the job
-manager and obeys it; otherwise it behaves like ``torchrun`` with restarts that work.
+manager and obeys it; otherwise it behaves like ``torchrun`` with restarts that work. With
+``--join HOST:PORT`` it is the agent of one host that joins a control plane on another
+(:mod:`unbroken.agent.remote`).
 """
 
 from __future__ import annotations
@@ -42,11 +44,26 @@ def _missing_script(script: str, module: bool, no_python: bool) -> str:
     return ""
 
 
+def _join(argv: Sequence[str]) -> int:
+    """``unbroken launch --join HOST:PORT --token-file F --node NAME``: this host's agent."""
+    from unbroken.agent.remote import JoinError, join, parse_join_args
+
+    try:
+        return join(parse_join_args(argv))
+    except JoinError as exc:
+        print(f"unbroken launch: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 1
+
+
 def main(argv: Sequence[str]) -> int:
     logging.basicConfig(
         level=os.environ.get("UNBROKEN_LOG_LEVEL", "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if any(a == "--join" or a.startswith("--join=") for a in argv):
+        return _join(argv)
     try:
         args = parse_launch_args(argv)
     except LaunchUsageError as exc:

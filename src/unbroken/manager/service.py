@@ -18,6 +18,10 @@ from unbroken.rpc import ControlServer
 
 JsonObj = dict[str, Any]
 
+#: A host's agent (``unbroken launch --join``) registers its node, then follows its orders.
+JOIN = "NodeJoin"
+NODE_ORDERS = "NodeOrders"
+
 
 @dataclass
 class Inbound:
@@ -44,9 +48,61 @@ class CommandQueues:
         self.of(pod, pid).put(encode_order(order))
 
 
+@dataclass(frozen=True)
+class JoinedNode:
+    """A node whose host agent joined: its name, device slots, and the address other hosts
+    reach it on."""
+
+    node: str
+    devices: int
+    address: str
+    pid: int
+
+
+@dataclass
+class NodeRegistry:
+    """The nodes of remote hosts that joined the control plane, and one order queue each."""
+
+    _nodes: dict[str, JoinedNode] = field(default_factory=dict)
+    _orders: dict[str, queue.Queue[JsonObj]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def join(self, body: JsonObj) -> JsonObj:
+        node = str(body["node"])
+        devices = int(body["devices"])
+        address = str(body["address"])
+        if not node or devices < 1 or not address:
+            raise ValueError(f"node {node!r}: a name, at least one device and an address")
+        with self._lock:
+            known = self._nodes.get(node)
+            if known is not None and known.address != address:
+                return {"ok": False, "error": f"node {node} already joined from {known.address}"}
+            self._nodes[node] = JoinedNode(node, devices, address, int(body["pid"]))
+            self._orders.setdefault(node, queue.Queue())
+        return {"ok": True}
+
+    def nodes(self) -> tuple[JoinedNode, ...]:
+        with self._lock:
+            return tuple(self._nodes.values())
+
+    def orders_of(self, node: str) -> queue.Queue[JsonObj] | None:
+        with self._lock:
+            return self._orders.get(node)
+
+
 def build_server(
-    secret: str, inbox: queue.Queue[Inbound], commands: CommandQueues, answer_timeout_s: float
+    secret: str,
+    inbox: queue.Queue[Inbound],
+    commands: CommandQueues,
+    answer_timeout_s: float,
+    nodes: NodeRegistry | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
 ) -> ControlServer:
+    """The control plane's server on ``host:port`` (127.0.0.1 unless the user asks for another
+    address)."""
+    registry = NodeRegistry() if nodes is None else nodes
+
     def post(method: str) -> Callable[[JsonObj], JsonObj]:
         def handler(body: JsonObj) -> JsonObj:
             inbox.put(Inbound(method, body))
@@ -73,6 +129,16 @@ def build_server(
             except queue.Empty:
                 continue
 
+    def node_orders(body: JsonObj, active: Callable[[], bool]) -> Iterator[JsonObj]:
+        q = registry.orders_of(str(body["node"]))
+        if q is None:
+            raise ValueError(f"node {body['node']!r} has not joined")
+        while active() and not commands.closed.is_set():
+            try:
+                yield q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
     return ControlServer(
         secret,
         unary={
@@ -82,6 +148,9 @@ def build_server(
             "Inject": ask("Inject"),
             "StressTest": ask("StressTest"),
             "Release": ask("Release"),
+            JOIN: registry.join,
         },
-        streams={COMMANDS: agent_commands},
+        streams={COMMANDS: agent_commands, NODE_ORDERS: node_orders},
+        host=host,
+        port=port,
     )

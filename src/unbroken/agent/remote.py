@@ -1,0 +1,123 @@
+"""``unbroken launch --join HOST:PORT --token-file F --node NAME``: the agent of one host.
+
+It registers its node (name, device count, the address other hosts reach it on) with a control
+plane on another host over the authenticated control channel, then follows the node's order
+stream until the control plane closes it. A control plane that cannot be reached, or that refuses
+the token, ends it with one line and exit 1.
+
+The token is the run's shared secret, read from a file that only its owner may read (the
+control plane writes it with mode 0600); it never appears on a command line, where ``ps`` shows
+it to every user of the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from unbroken.manager.service import JOIN, NODE_ORDERS
+from unbroken.rpc import ControlClient, RpcError
+
+
+class JoinError(RuntimeError):
+    """The agent cannot join; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class JoinArgs:
+    control: str
+    token_file: Path
+    node: str
+    devices: int
+    address: str
+
+
+def build_join_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="unbroken launch --join",
+        description="Join this host's node to a control plane on another host.",
+    )
+    p.add_argument("--join", required=True, metavar="HOST:PORT", help="the control plane")
+    p.add_argument("--token-file", required=True, type=Path, help="the run's token (mode 0600)")
+    p.add_argument("--node", default=socket.gethostname(), help="this node's name")
+    p.add_argument("--devices", type=int, default=1, help="device slots on this node")
+    p.add_argument(
+        "--address",
+        default="",
+        help="this host's address that other hosts reach (default: the one that routes to the "
+        "control plane)",
+    )
+    return p
+
+
+def parse_join_args(argv: Sequence[str]) -> JoinArgs:
+    ns = build_join_parser().parse_args(list(argv))
+    host, sep, port = str(ns.join).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise JoinError(f"--join {ns.join!r}: expected HOST:PORT")
+    if ns.devices < 1:
+        raise JoinError(f"--devices {ns.devices}: expected at least 1")
+    return JoinArgs(
+        control=str(ns.join),
+        token_file=ns.token_file,
+        node=str(ns.node),
+        devices=int(ns.devices),
+        address=str(ns.address) or route_address(host, int(port)),
+    )
+
+
+def route_address(host: str, port: int) -> str:
+    """This host's address on the route to ``host`` (no packet is sent: a UDP connect only
+    picks the source address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, port))
+        except OSError as exc:
+            raise JoinError(f"no route to the control plane {host}:{port}: {exc}") from None
+        return str(s.getsockname()[0])
+
+
+def read_token(path: Path) -> str:
+    try:
+        st = path.stat()
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise JoinError(f"--token-file {path}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise JoinError(
+            f"--token-file {path}: readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+            "chmod 600 it"
+        )
+    if not text:
+        raise JoinError(f"--token-file {path}: empty")
+    return text
+
+
+def join(args: JoinArgs, timeout_s: float = 5.0) -> int:
+    """Register, then follow the node's orders until the control plane closes the stream."""
+    client = ControlClient(args.control, read_token(args.token_file), timeout_s=timeout_s)
+    try:
+        reply = client.call(
+            JOIN,
+            {
+                "node": args.node,
+                "devices": args.devices,
+                "address": args.address,
+                "pid": os.getpid(),
+            },
+        )
+    except RpcError as exc:
+        raise JoinError(f"cannot join {args.control}: {exc}") from None
+    if not reply.get("ok"):
+        raise JoinError(f"{args.control} refused node {args.node}: {reply.get('error', '?')}")
+    try:
+        for _order in client.stream(NODE_ORDERS, {"node": args.node, "pid": os.getpid()}):
+            pass  # orders to start pods on this node are not sent yet by the control plane
+    except RpcError as exc:
+        raise JoinError(f"lost the control plane {args.control}: {exc}") from None
+    return 0

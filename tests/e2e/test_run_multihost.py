@@ -1,0 +1,137 @@
+"""Across hosts: a host's agent (``unbroken launch --join``) joins a control plane on another host.
+
+Each host is a network namespace on a bridge (tests/e2e/netns_hosts.py); the control plane's
+server listens on the root namespace's bridge address, which only the hosts' links reach.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_runs import cli_env
+from netns_hosts import Hosts, hosts
+
+from unbroken.manager.service import CommandQueues, Inbound, NodeRegistry, build_server
+
+pytestmark = pytest.mark.e2e
+
+
+def _token_file(tmp_path: Path, secret: str) -> Path:
+    path = tmp_path / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return path
+
+
+def _join(h: Hosts, i: int, control: str, token: Path, node: str) -> subprocess.Popen[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "unbroken",
+        "launch",
+        "--join",
+        control,
+        "--token-file",
+        str(token),
+        "--node",
+        node,
+    ]
+    return subprocess.Popen(
+        h.argv(i, argv),
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_host_agents_join_over_the_bridge_and_refuse_bad_tokens_and_downed_links(
+    tmp_path: Path,
+) -> None:
+    secret = secrets.token_hex(16)
+    registry = NodeRegistry()
+    commands = CommandQueues()
+    with hosts(2) as h:
+        server = build_server(
+            secret,
+            queue.Queue[Inbound](),
+            commands,
+            5.0,
+            nodes=registry,
+            host=h.root_address(),
+            port=0,
+        )
+        server.start()
+        try:
+            control = server.address
+            # Two hosts join; each is known by the address it has on the bridge.
+            tokens = []
+            for i in range(2):
+                (tmp_path / f"h{i}").mkdir()
+                tokens.append(_token_file(tmp_path / f"h{i}", secret))
+            agents = [_join(h, i, control, tokens[i], f"node-{i}") for i in range(2)]
+            deadline = time.monotonic() + 30.0
+            while len(registry.nodes()) < 2 and time.monotonic() < deadline:
+                assert all(a.poll() is None for a in agents), [a.communicate() for a in agents]
+                time.sleep(0.1)
+            joined = {n.node: n for n in registry.nodes()}
+            assert {k: (v.address, v.devices) for k, v in joined.items()} == {
+                "node-0": (h.address(0), 1),
+                "node-1": (h.address(1), 1),
+            }
+            # The control plane closing the order streams ends the agents, exit 0.
+            commands.closed.set()
+            for a in agents:
+                _, err = a.communicate(timeout=15)
+                assert a.returncode == 0, err
+
+            # A wrong token: one line, exit 1.
+            (tmp_path / "bad").mkdir()
+            bad = _join(h, 1, control, _token_file(tmp_path / "bad", "0" * 32), "node-9")
+            _, err = bad.communicate(timeout=30)
+            assert bad.returncode == 1
+            assert err.count("\n") == 1 and "missing or wrong run secret" in err, err
+            assert "node-9" not in {n.node for n in registry.nodes()}
+
+            # Host 1's link taken down: the control plane is unreachable from it, one line.
+            h.set_link(1, up=False)
+            lost = _join(h, 1, control, tokens[1], "node-1")
+            _, err = lost.communicate(timeout=60)
+            assert lost.returncode == 1
+            assert err.count("\n") == 1 and f"cannot join {control}" in err, err
+        finally:
+            server.stop()
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    token.chmod(0o644)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unbroken",
+            "launch",
+            "--join",
+            "127.0.0.1:1",
+            "--token-file",
+            str(token),
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"unbroken launch: --token-file {token}: readable by others (mode 644); chmod 600 it\n"
+    )
