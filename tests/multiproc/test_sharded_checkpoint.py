@@ -116,7 +116,8 @@ def test_layouts_say_which_ranks_hold_a_shard_and_what_replicas_cost() -> None:
     # costs 16/d more than its distributed optimizer's 4 + 16/d).
     assert (hsdp.bytes_per_param(), hsdp.bytes_per_param(copies=1)) == (8.0, 4.0)
     assert hsdp.replica_bytes_per_param == 4.0
-    assert in_process_refusal(hsdp) is not None
+    refusal = in_process_refusal(hsdp)
+    assert refusal is not None and "cannot rebind the healthy ranks' sharded model" in refusal
 
     fsdp = Sharding(Layout.FSDP, (0, 1, 2, 3), both)
     assert (fsdp.copies, fsdp.holders(2), fsdp.unreplicated) == (1, (2,), True)

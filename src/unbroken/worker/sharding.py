@@ -182,8 +182,11 @@ def in_process_refusal(sharding: Sharding) -> str | None:
 
     A shard held by one rank is lost with that rank: no healthy process holds it, so the rung
     that could restore it is the restart from the newest checkpoint, with every rank. A shard
-    with replicas could be copied from one, but this version repairs whole replicas only;
-    last words need the whole state on one rank."""
+    with replicas can be copied from one (:func:`unbroken.worker.replica.repair` repairs shard
+    by shard), but the healthy ranks cannot take part yet: their FSDP modules and ZeRO
+    optimizer keep the process groups of the generation that failed, and a failed all-gather
+    or reduce-scatter in the forward or backward is not caught at the step boundary as the DDP
+    hook catches a failed all-reduce. Last words need the whole state on one rank."""
     if not sharding.sharded_parts:
         return None
     if sharding.unreplicated:
@@ -192,6 +195,7 @@ def in_process_refusal(sharding: Sharding) -> str | None:
             "only the newest checkpoint can restore it; the job restarts from it"
         )
     return (
-        f"{sharding.describe()}: repairing a shard from its replica in process is not "
-        "supported in this version; the job restarts from the newest checkpoint"
+        f"{sharding.describe()}: a lost shard's replica is on another rank, but this version "
+        "cannot rebind the healthy ranks' sharded model and optimizer to a new process group "
+        "in process; the job restarts from the newest checkpoint"
     )
