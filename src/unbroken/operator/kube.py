@@ -21,16 +21,23 @@ Status (``.status``): ``phase`` (``Created``, ``Running``, ``Rescheduling``, ``F
 ``reschedules``, ``pods`` (the planned names) and ``conditions`` (``Created``, ``Running``,
 ``Rescheduled``, ``Failed``, each with a reason and message).
 
-A lost pod (phase ``Failed``, or deleted by anyone but the operator) goes to
-:func:`unbroken.operator.reschedule.decide`, and its answer is carried out: the pods to replace are
-marked (annotation ``unbroken.dev/replacing``) and deleted with the grace period the job's
-``fault-scheduling`` gives; each marked pod's deletion event creates it again from the plan.
+A lost pod (phase ``Failed``, deleted by anyone but the operator, or bound to a node whose
+``Ready`` condition is not ``True``) and a device fault in a node's
+:data:`~unbroken.operator.reschedule.DEVICE_HEALTH` annotation become faults for the policy the
+local engine uses (:mod:`unbroken.operator.reschedule`), and its answer is carried out: the pods to
+replace are marked (annotation ``unbroken.dev/replacing``) and deleted with the grace period the
+job's ``fault-scheduling`` gives; each marked pod's deletion event creates it again from the plan,
+with a node affinity that keeps it off the nodes isolated so far (``status.avoidNodes``). The
+policy's state lives in the operator; its budgets are kept in ``status.budgets`` too, so an
+operator restart keeps what was spent.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +46,23 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from unbroken.faults import CodeTable
 from unbroken.operator.plan import Plan, PodPlan, plan
-from unbroken.operator.reschedule import GiveUp, Loss, PodLost, ReplacePods, decide
+from unbroken.operator.reschedule import (
+    DEVICE_HEALTH,
+    GiveUp,
+    Loss,
+    PodLost,
+    ReplacePods,
+    decide,
+    device_faults,
+    device_health,
+    pod_fault,
+    recovered,
+    state_from_status,
+    status_of,
+)
+from unbroken.policy.states import JobState
 from unbroken.spec import JobSpec, SpecError, load_cluster, parse_job
 
 log = logging.getLogger(__name__)
@@ -78,8 +100,10 @@ def job_plan(job: JobSpec) -> Plan:
     return plan(job, load_cluster(None, job=job))
 
 
-def pod_manifest(body: dict[str, Any], job_plan: Plan, pod: PodPlan) -> dict[str, Any]:
-    """The pod the plan asks for, built on its replica's template."""
+def pod_manifest(
+    body: dict[str, Any], job_plan: Plan, pod: PodPlan, avoid_nodes: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The pod the plan asks for, built on its replica's template, off ``avoid_nodes``."""
     meta = body["metadata"]
     template = body["spec"]["replicaSpecs"][pod.replica_type.value]["template"]
     tmeta = template.get("metadata") or {}
@@ -97,6 +121,16 @@ def pod_manifest(body: dict[str, Any], job_plan: Plan, pod: PodPlan) -> dict[str
     container["ports"] = [_port(p) for p in pod.ports]
     if not container["ports"]:
         del container["ports"]
+    if avoid_nodes:
+        off = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(avoid_nodes)}
+        required = (
+            spec.setdefault("affinity", {})
+            .setdefault("nodeAffinity", {})
+            .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        )
+        terms = required.setdefault("nodeSelectorTerms", [{}])
+        for term in terms:  # the terms are ORed: each must keep off the nodes
+            term.setdefault("matchExpressions", []).append(off)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -181,12 +215,17 @@ class Operator:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.codes = CodeTable.load()
+        self.states: dict[tuple[str, str], JobState] = {}  # the policy's state per job
+        self.health: dict[str, dict[int, str]] = {}  # device faults seen per node
+        self.lock = threading.Lock()  # one decision at a time: events of a job race otherwise
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)(self.job_created)
         kopf.on.event("", "v1", "pods", registry=registry, labels={"job-name": kopf.PRESENT})(
             self.pod_event
         )
+        kopf.on.event("", "v1", "nodes", registry=registry)(self.node_event)
 
     # --- the job ---
 
@@ -225,24 +264,68 @@ class Operator:
     def pod_event(self, event: kopf.RawEvent, **_: Any) -> None:
         pod: dict[str, Any] = dict(event["object"])
         meta = pod.get("metadata", {})
-        owner = next(
-            (o for o in meta.get("ownerReferences") or [] if o.get("kind") == "AscendJob"), None
-        )
+        owner = _job_owner(meta)
         if owner is None:
             return
         ns, name = meta["namespace"], meta["name"]
         replacing = REPLACING in (meta.get("annotations") or {})
         phase = (pod.get("status") or {}).get("phase")
+        node = (pod.get("spec") or {}).get("nodeName")
         if event["type"] == "DELETED":
             if replacing:
-                self._recreate(ns, owner["name"], name)
+                self._recreate(ns, owner, name)
             else:
-                self._lost(ns, owner["name"], PodLost(name, Loss.DELETED))
+                self._lost(ns, owner, PodLost(name, Loss.DELETED, node=node))
         elif phase == "Failed" and not replacing:
             detail = (pod.get("status") or {}).get("reason") or ""
-            self._lost(ns, owner["name"], PodLost(name, Loss.FAILED, detail))
+            self._lost(ns, owner, PodLost(name, Loss.FAILED, detail, node))
         elif phase == "Running":
-            self._maybe_running(ns, owner["name"])
+            self._maybe_running(ns, owner)
+
+    # --- nodes ---
+
+    def node_event(self, event: kopf.RawEvent, **_: Any) -> None:
+        node: dict[str, Any] = dict(event["object"])
+        name = (node.get("metadata") or {}).get("name")
+        if not name or event["type"] == "DELETED":
+            return
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        if ready is not None and ready.get("status") != "True":
+            why = ready.get("reason") or f"Ready {ready.get('status')}"
+            for ns, job_name, pod in self._pods_on(name):
+                self._lost(ns, job_name, PodLost(pod, Loss.NODE_NOT_READY, why, name))
+        value = ((node.get("metadata") or {}).get("annotations") or {}).get(DEVICE_HEALTH)
+        try:
+            health = device_health(name, value) if value else {}
+        except ValueError as e:
+            log.warning("%s", e)
+            return
+        seen = self.health.get(name, {})
+        new = {d: c for d, c in health.items() if seen.get(d) != c}
+        self.health[name] = health
+        if not new:
+            return
+        by_job: dict[tuple[str, str], list[str]] = {}
+        for ns, job_name, pod in self._pods_on(name):
+            by_job.setdefault((ns, job_name), []).append(pod)
+        now = time.time()
+        for (ns, job_name), pods in by_job.items():
+            for fault in device_faults(name, new, tuple(pods), self.codes, now):
+                self._decide(ns, job_name, fault, None)
+
+    def _pods_on(self, node: str) -> list[tuple[str, str, str]]:
+        """(namespace, job, pod) of the jobs' pods bound to ``node``."""
+        pods = self.core.list_pod_for_all_namespaces(
+            label_selector="job-name", field_selector=f"spec.nodeName={node}"
+        ).items
+        out = []
+        for p in pods:
+            meta = p.metadata.to_dict() if p.metadata else {}
+            owner = _job_owner({"ownerReferences": meta.get("owner_references") or []})
+            if owner is not None and (p.spec is None or p.spec.node_name == node):
+                out.append((meta["namespace"], owner, meta["name"]))
+        return out
 
     def _job(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
@@ -260,7 +343,8 @@ class Operator:
             return
         p = job_plan(job_spec(body))
         pod = next(pp for pp in p.pods if pp.name == pod_name)
-        self._create_pod(ns, pod_manifest(body, p, pod))
+        avoid = tuple((body.get("status") or {}).get("avoidNodes") or ())
+        self._create_pod(ns, pod_manifest(body, p, pod, avoid))
 
     def _still_lost(self, ns: str, lost: PodLost) -> bool:
         """Whether the pod is lost now, not only in the event: a replayed event must not count
@@ -271,55 +355,84 @@ class Operator:
             if e.status == 404:
                 return lost.loss is Loss.DELETED
             raise
+        annotations = (pod.metadata and pod.metadata.annotations) or {}
+        if REPLACING in annotations:
+            return False
         if lost.loss is Loss.DELETED:
             return False
-        annotations = (pod.metadata and pod.metadata.annotations) or {}
-        return bool(pod.status and pod.status.phase == "Failed" and REPLACING not in annotations)
+        if lost.loss is Loss.NODE_NOT_READY:
+            return True
+        return bool(pod.status and pod.status.phase == "Failed")
 
     def _lost(self, ns: str, job_name: str, lost: PodLost) -> None:
         if not self._still_lost(ns, lost):
             return
-        body = self._job(ns, job_name)
-        if body is None:
-            return
-        status = body.get("status") or {}
-        if status.get("phase") == "Failed":
-            return
-        job = job_spec(body)
-        p = job_plan(job)
-        names = tuple(pod.name for pod in p.pods)
-        if lost.pod not in names:
-            return
-        action = decide(job.fault_handling, names, lost, int(status.get("reschedules", 0)))
-        conditions = list(status.get("conditions") or [])
-        match action:
-            case GiveUp(reason=reason, message=message):
-                self._status(
-                    ns, job_name, "Failed", conditions, condition("Failed", reason, message)
-                )
-            case ReplacePods():
-                message = (
-                    f"{lost.pod} {lost.loss.value.lower()}: {action.level.value} #{action.attempt} "
-                    f"replaces {', '.join(action.pods)}"
-                )
-                self._status(
-                    ns,
-                    job_name,
-                    "Rescheduling",
-                    conditions,
-                    condition("Rescheduled", action.level.value, message),
-                    reschedules=action.attempt,
-                )
-                for pod_name in action.pods:
-                    self._replace(ns, job_name, pod_name, action, lost)
+        self._decide(ns, job_name, pod_fault(lost, self.codes, time.time()), lost)
+
+    def _decide(self, ns: str, job_name: str, fault: Any, lost: PodLost | None) -> None:
+        with self.lock:
+            body = self._job(ns, job_name)
+            if body is None:
+                return
+            status = body.get("status") or {}
+            if status.get("phase") == "Failed":
+                return
+            job = job_spec(body)
+            names = tuple(pod.name for pod in job_plan(job).pods)
+            if fault.pod not in names:
+                return
+            key = (ns, job_name)
+            state = self.states.get(key) or state_from_status(status)
+            avoided = tuple(status.get("avoidNodes") or ())
+            out = decide(state, fault, job.fault_handling, names, avoided, time.time())
+            self.states[key] = out.state
+            conditions = list(status.get("conditions") or [])
+            budgets = status_of(out.state)
+            match out.action:
+                case None:
+                    log.info("%s/%s: %s", ns, job_name, out.reason)
+                    self._patch_status(ns, job_name, {"budgets": budgets})
+                case GiveUp(reason=reason, message=message):
+                    self._status(
+                        ns,
+                        job_name,
+                        "Failed",
+                        conditions,
+                        condition("Failed", reason, message),
+                        budgets=budgets,
+                    )
+                case ReplacePods() as action:
+                    attempt = int(status.get("reschedules", 0)) + 1
+                    message = (
+                        f"{fault.detail}: {action.level.value} #{attempt} replaces "
+                        f"{', '.join(action.pods)} ({out.reason})"
+                    )
+                    self._status(
+                        ns,
+                        job_name,
+                        "Rescheduling",
+                        conditions,
+                        condition("Rescheduled", action.level.value, message),
+                        reschedules=attempt,
+                        budgets=budgets,
+                        avoidNodes=list(action.avoid_nodes),
+                    )
+                    for pod_name in action.pods:
+                        self._replace(ns, job_name, pod_name, action, attempt, lost)
 
     def _replace(
-        self, ns: str, job_name: str, pod_name: str, action: ReplacePods, lost: PodLost
+        self,
+        ns: str,
+        job_name: str,
+        pod_name: str,
+        action: ReplacePods,
+        attempt: int,
+        lost: PodLost | None,
     ) -> None:
-        if pod_name == lost.pod and lost.loss is Loss.DELETED:
+        if lost is not None and pod_name == lost.pod and lost.loss is Loss.DELETED:
             self._recreate(ns, job_name, pod_name)  # already gone
             return
-        mark = {"metadata": {"annotations": {REPLACING: str(action.attempt)}}}
+        mark = {"metadata": {"annotations": {REPLACING: str(attempt)}}}
         try:
             self.core.patch_namespaced_pod(pod_name, ns, mark)
             self.core.delete_namespaced_pod(
@@ -345,8 +458,18 @@ class Operator:
         if planned and planned <= running:
             message = f"{len(planned)} pod(s) running"
             conditions = list(status.get("conditions") or [])
+            key = (ns, job_name)
+            with self.lock:
+                state = self.states.get(key) or state_from_status(status)
+                state = recovered(state, job_spec(body).fault_handling, time.time())
+                self.states[key] = state
             self._status(
-                ns, job_name, "Running", conditions, condition("Running", "PodsRunning", message)
+                ns,
+                job_name,
+                "Running",
+                conditions,
+                condition("Running", "PodsRunning", message),
+                budgets=status_of(state),
             )
 
     def _status(
@@ -359,6 +482,9 @@ class Operator:
         **extra: Any,
     ) -> None:
         status = {"phase": phase, "conditions": _with(conditions, new), **extra}
+        self._patch_status(ns, job_name, status)
+
+    def _patch_status(self, ns: str, job_name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, ns, PLURAL, job_name, {"status": status}
         )
@@ -375,6 +501,13 @@ class Operator:
         except ApiException as e:
             if e.status != 409:  # already there: a handler retried after a partial run
                 raise
+
+
+def _job_owner(meta: dict[str, Any]) -> str | None:
+    """The name of the AscendJob that owns the object, if one does."""
+    owners = meta.get("ownerReferences") or meta.get("owner_references") or []
+    owner = next((o for o in owners if o.get("kind") == "AscendJob"), None)
+    return None if owner is None else str(owner["name"])
 
 
 def registry_for(api: kubernetes.client.ApiClient) -> kopf.OperatorRegistry:

@@ -1,6 +1,8 @@
 """The operator's API contract, run in-process against kmock's Kubernetes emulator: an AscendJob
-becomes the planned pods (name, env, labels, ports, owner) and a Service; a failed pod is replaced
-per the job's rung; a bad job gets a Failed condition and no pods; the status says so."""
+becomes the planned pods (name, env, labels, ports, owner) and a Service; a failed pod, a node
+gone NotReady and a device fault in a node's annotation are decided by the local engine's policy
+and carried out as the job's rung; a bad job gets a Failed condition and no pods; the status says
+so."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ kubernetes = pytest.importorskip("kubernetes")
 
 from unbroken.operator import Plan, kube, plan  # noqa: E402
 from unbroken.operator.kube import REPLACING  # noqa: E402
+from unbroken.operator.reschedule import DEVICE_HEALTH  # noqa: E402
 from unbroken.spec import load_cluster, load_job  # noqa: E402
 
 pytestmark = pytest.mark.component
@@ -28,6 +31,7 @@ SEED = Path(__file__).resolve().parents[2] / "fixtures" / "seed"
 JOBS = kmock.resource("mindxdl.gitee.com", "v1", "ascendjobs")
 PODS = kmock.resource("", "v1", "pods")
 SERVICES = kmock.resource("", "v1", "services")
+NODES = kmock.resource("", "v1", "nodes")
 NS = "team-a"
 
 
@@ -46,6 +50,9 @@ async def operator_on_kmock() -> AsyncIterator[Any]:
             namespaced=True,
             subresources={"status"},
             verbs={"list", "watch", "get", "patch", "create", "delete"},
+        )
+        k8s.resources["v1/nodes"] = kmock.ResourceInfo(
+            kind="Node", namespaced=False, verbs={"list", "watch", "get", "patch", "create"}
         )
         k8s.resources["v1/services"] = kmock.ResourceInfo(
             kind="Service", namespaced=True, verbs={"list", "get", "create"}
@@ -269,8 +276,8 @@ def test_job_rescheduling_replaces_every_pod_until_the_retries_run_out() -> None
             lambda: phase_of(k8s, JOBS, name) == "Failed" and live(k8s, JOBS, name), "Failed"
         )
         (failed,) = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
-        assert failed["reason"] == "RetriesExhausted"
-        assert "fault-retry-times is 1" in failed["message"]
+        assert failed["reason"] == "NoRungLeft"
+        assert "fault-retry-times spent (1 of 1)" in failed["message"]
         assert phase_of(k8s, PODS, pods[0]) == "Failed"
         assert job["status"]["reschedules"] == 1
 
@@ -311,5 +318,72 @@ def test_a_pod_deleted_by_someone_else_is_created_again() -> None:
         (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
         assert resched["message"].startswith(f"{master} deleted: pod-rescheduling #1")
         assert phase_of(k8s, PODS, worker) == "Running"
+
+    run(scenario)
+
+
+async def bind(k8s: Any, pod: str, node: str) -> None:
+    """What the scheduler does: the pod runs on ``node``."""
+    path = f"/api/v1/namespaces/{NS}/pods/{pod}"
+    await patch(k8s, path, {"spec": {"nodeName": node}})
+
+
+async def add_node(k8s: Any, node: str, ready: str = "True", **annotations: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node, "annotations": annotations},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+    async with k8s.post("/api/v1/nodes", json=body) as r:
+        assert r.status < 300, await r.text()
+
+
+def test_a_node_not_ready_replaces_its_pod_off_that_node() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("pod-rescheduling-pytorch")  # a node fault needs no fault-retry-times
+        name, (master, worker) = await running_job(k8s, body)
+        await bind(k8s, worker, "node-b")
+        await add_node(k8s, "node-a")
+        await add_node(k8s, "node-b", ready="Unknown")
+        await until(lambda: live(k8s, PODS, worker) and phase_of(k8s, PODS, worker) is None, "new")
+        new = live(k8s, PODS, worker)
+        assert new is not None
+        (term,) = new["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-b"]} in (
+            term["matchExpressions"]
+        )
+        job = await until(
+            lambda: phase_of(k8s, JOBS, name) == "Rescheduling" and live(k8s, JOBS, name), "resched"
+        )
+        assert job["status"]["avoidNodes"] == ["node-b"]
+        (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
+        assert resched["reason"] == "pod-rescheduling"
+        assert resched["message"].startswith(f"{worker} lost: node node-b not ready")
+        assert phase_of(k8s, PODS, master) == "Running"
+
+    run(scenario)
+
+
+def test_a_device_fault_in_the_node_annotation_reschedules_the_job() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("job-rescheduling")
+        name, pods = await running_job(k8s, body)
+        await bind(k8s, pods[0], "node-a")
+        # 80E01801: the seed's HBM uncorrectable error, a stopping hardware fault.
+        await add_node(k8s, "node-a", **{DEVICE_HEALTH: '{"3": "80E01801"}'})
+        for pod in pods:
+            await until(
+                lambda pod=pod: live(k8s, PODS, pod) and phase_of(k8s, PODS, pod) is None, pod
+            )
+        job = await until(
+            lambda: phase_of(k8s, JOBS, name) == "Rescheduling" and live(k8s, JOBS, name), "job"
+        )
+        (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
+        assert resched["reason"] == "job-rescheduling"
+        assert "device 3 80E01801" in resched["message"]
+        assert job["status"]["budgets"]["hardwareReschedules"] == 1
 
     run(scenario)
