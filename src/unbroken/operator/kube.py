@@ -117,7 +117,7 @@ def pod_manifest(
             for key, value in quantities.items():
                 quantities[key] = str(value)  # a quantity's canonical form is a string
     container = spec["containers"][0]
-    container["env"] = [{"name": k, "value": v} for k, v in pod.env.items()]
+    container["env"] = [{"name": k, "value": v} for k, v in cluster_env(job_plan, pod).items()]
     container["ports"] = [_port(p) for p in pod.ports]
     if not container["ports"]:
         del container["ports"]
@@ -143,6 +143,19 @@ def pod_manifest(
         },
         "spec": spec,
     }
+
+
+def cluster_env(job_plan: Plan, pod: PodPlan) -> dict[str, str]:
+    """The pod's planned env, with a pod name as an address (``MASTER_ADDR``,
+    ``MS_SCHED_HOST``) made ``POD.JOB``: the name the job's headless Service gives it in the
+    cluster's DNS (the pods' ``hostname`` and ``subdomain``); the bare pod name resolves only on
+    a local runner."""
+    names = {p.name for p in job_plan.pods}
+    env = dict(pod.env)
+    for key in ("MASTER_ADDR", "MS_SCHED_HOST"):
+        if env.get(key) in names:
+            env[key] = f"{env[key]}.{job_plan.job.name}"
+    return env
 
 
 def service_manifest(body: dict[str, Any], job_plan: Plan) -> dict[str, Any]:

@@ -179,7 +179,11 @@ def test_a_job_becomes_its_planned_pods_and_service() -> None:
         )
         for got, planned in zip(pods, want.pods, strict=True):
             container = got["spec"]["containers"][0]
-            assert {e["name"]: e["value"] for e in container["env"]} == planned.env
+            env = {e["name"]: e["value"] for e in container["env"]}
+            # The rank-0 pod's name as cluster DNS knows it: through the job's Service.
+            assert env == {**planned.env, "MASTER_ADDR": f"{names[0]}.pod-rescheduling-pytorch"}
+            assert got["spec"]["hostname"] == planned.name
+            assert got["spec"]["subdomain"] == "pod-rescheduling-pytorch"
             assert {k: got["metadata"]["labels"][k] for k in planned.labels} == planned.labels
             assert [p["containerPort"] for p in container["ports"]] == [
                 p.container_port for p in planned.ports
@@ -189,7 +193,7 @@ def test_a_job_becomes_its_planned_pods_and_service() -> None:
             assert owner["kind"] == "AscendJob" and owner["uid"] == job["metadata"]["uid"]
         assert pods[0]["spec"]["containers"][0]["env"]
         env0 = {e["name"]: e["value"] for e in pods[0]["spec"]["containers"][0]["env"]}
-        assert env0["NODE_RANK"] == "0" and env0["MASTER_ADDR"] == names[0]
+        assert env0["NODE_RANK"] == "0" and planned.env["MASTER_ADDR"] == names[0]
         service = await until(lambda: live(k8s, SERVICES, "pod-rescheduling-pytorch"), "service")
         assert service["spec"]["clusterIP"] == "None"
         assert service["spec"]["selector"] == {"job-name": "pod-rescheduling-pytorch"}
@@ -243,10 +247,13 @@ def test_a_failed_pod_is_replaced_alone_under_pod_rescheduling() -> None:
         assert [c["reason"] for c in rescheduled] == ["pod-rescheduling"]
         assert f"{worker} failed" in rescheduled[0]["message"]
         assert phase_of(k8s, PODS, master) == "Running"  # the other pod was left alone
-        want = {p.name: p.env for p in expected_plan("pod-rescheduling-pytorch").pods}
+        want = expected_plan("pod-rescheduling-pytorch")
+        (planned,) = [p for p in want.pods if p.name == worker]
         new = live(k8s, PODS, worker)
         assert new is not None
-        assert {e["name"]: e["value"] for e in new["spec"]["containers"][0]["env"]} == want[worker]
+        got = {e["name"]: e["value"] for e in new["spec"]["containers"][0]["env"]}
+        assert got == kube.cluster_env(want, planned)
+        assert got["MASTER_ADDR"] == f"{master}.{name}"
         assert REPLACING not in (new["metadata"].get("annotations") or {})
 
     run(scenario)
