@@ -14,6 +14,7 @@ from worker_ranks import REPO, Cluster, read_result
 
 from unbroken.checkpoint import step_dir
 from unbroken.protocol.mailbox import MAILBOX
+from unbroken.worker.replica import RankState, ReplicaError, plan_repair
 from unbroken.worker.sharding import Layout, Sharding, in_process_refusal
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(600)]
@@ -183,3 +184,27 @@ def test_hsdp_rank_that_lost_its_state_is_repaired_from_the_other_replica_group(
     assert results[0][0] == "[]"
     assert results[1][0] == "[3]"
     assert results[1][1] == results[0][1]
+
+
+def test_each_shard_is_sent_by_a_healthy_holder_or_the_repair_is_refused() -> None:
+    hsdp = Sharding(Layout.HSDP, (0, 1, 0, 1), frozenset({"model", "optimizer"}))
+
+    def states(fresh: set[int], *, stale: set[int] = frozenset()) -> list[RankState]:
+        return [
+            RankState(
+                r,
+                0 if r in fresh else 9 if r in stale else 10,
+                2 if r in fresh else 0,
+                bytes([hsdp.shard_of[r]]) * 32,
+            )
+            for r in range(4)
+        ]
+
+    # Rank 3 is a replacement: the command's source (0) sends nothing to it, rank 1 holds its
+    # shard and sends it; rank 2, equal to its source, receives nothing.
+    assert plan_repair(states({3}), hsdp, source=0, step=10) == {(0, 2): (0, ()), (1, 3): (1, (3,))}
+    # A stale holder of the source's own shard receives from the source.
+    assert plan_repair(states({3}, stale={2}), hsdp, source=0, step=10)[(0, 2)] == (0, (2,))
+    # Both holders of shard 1 lost: no replica of it exists.
+    with pytest.raises(ReplicaError, match=r"rank 1 cannot be the replica source .* replacement"):
+        plan_repair(states({1, 3}), hsdp, source=0, step=10)

@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from unbroken.worker.sharding import Sharding
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.trainstate import TrainState
 
@@ -151,6 +152,36 @@ def _check_source(states: list[RankState], src: RankState, step: int) -> None:
         )
 
 
+def plan_repair(
+    states: list[RankState], sharding: Sharding, *, source: int, step: int
+) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
+    """For each shard (the tuple of ranks that hold it): the rank that sends it and the ranks
+    that receive it (those whose step or digest differ from the sender's, or that are
+    suspect). Raises :class:`ReplicaError` when a shard has no holder that can send it."""
+    if sharding.world_size != len(states):
+        raise ReplicaError(
+            f"the session's layout is of {sharding.world_size} ranks, the group has {len(states)}"
+        )
+    plan = {}
+    for holders in sorted({sharding.holders(r) for r in range(len(states))}):
+        src = states[_shard_source(states, holders, source, step)]
+        _check_source(states, src, step)
+        plan[holders] = (
+            src.rank,
+            tuple(
+                r
+                for r in holders
+                if r != src.rank
+                and (
+                    states[r].committed != src.committed
+                    or states[r].digest != src.digest
+                    or states[r].suspect
+                )
+            ),
+        )
+    return plan
+
+
 def repair(
     state: TrainState,
     committed: int,
@@ -170,27 +201,10 @@ def repair(
     me = local_state(state, committed, suspect=suspect, fresh=fresh)
     states = _gather(me, None)
     sharding = state.sharding
-    if sharding.world_size != len(states):
-        raise ReplicaError(
-            f"the session's layout is of {sharding.world_size} ranks, the group has {len(states)}"
-        )
-    shard_groups = sorted({sharding.holders(r) for r in range(len(states))})
-    sources = {holders: _shard_source(states, holders, source, step) for holders in shard_groups}
-    for src_rank in sources.values():
-        _check_source(states, states[src_rank], step)
-    receivers_of = {
-        holders: tuple(
-            r
-            for r in holders
-            if r != src_rank
-            and (
-                states[r].committed != states[src_rank].committed
-                or states[r].digest != states[src_rank].digest
-                or states[r].suspect
-            )
-        )
-        for holders, src_rank in sources.items()
-    }
+    plan = plan_repair(states, sharding, source=source, step=step)
+    sources = {holders: src_rank for holders, (src_rank, _) in plan.items()}
+    receivers_of = {holders: receivers for holders, (_, receivers) in plan.items()}
+    shard_groups = sorted(plan)
     receivers = tuple(sorted(r for rs in receivers_of.values() for r in rs))
     received = me.rank in receivers
     if receivers:
