@@ -73,6 +73,7 @@ from unbroken.manager.progress import (
     median_step_time,
 )
 from unbroken.manager.service import CommandQueues, Inbound, build_server
+from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
 from unbroken.manager.web import WebEndpoint, WebError
 from unbroken.policy import FaultDetected as PolicyFault
@@ -80,6 +81,7 @@ from unbroken.policy import Feasibility
 from unbroken.policy import RecoveryCompleted as PolicyRecovered
 from unbroken.policy import ReplacementReady as PolicyReplacementReady
 from unbroken.policy import Tick as PolicyTick
+from unbroken.policy.straggler import StragglerKnobs
 from unbroken.protocol.heartbeat import unpack_op_retry
 from unbroken.protocol.messages import (
     HEARTBEAT,
@@ -165,6 +167,14 @@ class JobManager:
         #: The generation whose replicas were found diverged (unbroken.worker.agreement).
         self.diverged_generation: int | None = None
         self.detector = Detector(self.codes, self.opt.settle_s, self.opt.agent_timeout_s)
+        #: Nodes slower than their peers (unbroken.policy.straggler).
+        self.stragglers = StragglerWatch(
+            StragglerKnobs(
+                threshold=self.fh.straggler_threshold_percent / 100,
+                window=self.fh.straggler_window,
+                hold_s=self.fh.straggler_hold_s,
+            )
+        )
         self.history: list[Fault] = []
         self.incident: Incident | None = None
         self.n_faults = 0
@@ -585,6 +595,7 @@ class JobManager:
     def _tick(self, now: float) -> None:
         self._check_agents(now)
         self._settle(now)
+        self._stragglers(now)
         self._phases(now)
         self.executor.poll_rejoin(now)
         self.stress.poll(now)
@@ -631,6 +642,20 @@ class JobManager:
         )
         self.detector, faults = self.detector.settle(now, agent_silent=silent)
         for fault in faults:
+            self.fault_detected(fault, now)
+
+    def _stragglers(self, now: float) -> None:
+        """A node whose ranks compute slower than their peers' is a sub-health fault; not
+        watched while an incident is handled (the steps of a recovery are not compared)."""
+        if self.incident is not None or self.outcome is not None:
+            return
+        node_of: dict[int, str] = {}
+        pod_of: dict[int, str] = {}
+        for pod in self.pods.values():
+            if not (pod.finished or pod.stopped or pod.lost):
+                for rank in pod.rank_pids:
+                    node_of[rank], pod_of[rank] = pod.node, pod.pod
+        for fault in self.stragglers.poll(now, self.ranks, node_of, pod_of):
             self.fault_detected(fault, now)
 
     def fault_detected(self, fault: Fault, now: float) -> None:

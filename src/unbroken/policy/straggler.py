@@ -14,7 +14,8 @@ timings:
   rank becomes slower than it was, even when all ranks slow down together;
 - a node's score is its slowest rank's (a node is as slow as its slowest rank).
 
-A node whose relative score stays below ``threshold`` for ``hold_s`` seconds is a straggler:
+A node whose relative score stays below ``threshold`` (and whose median is at least
+``min_gap_s`` longer than the fastest) for ``hold_s`` seconds is a straggler:
 a sub-health fault that the job's ``subHealthyStrategy`` handles. One slow step (a checkpoint,
 a page fault, a noisy neighbour for a moment) moves a median by little, and a node must stay
 slow for ``hold_s`` to count, so the verdict does not flap. The individual score is reported
@@ -37,15 +38,20 @@ DEFAULT_THRESHOLD = 0.75
 DEFAULT_WINDOW = 5
 #: How long a node must stay slow to be a straggler.
 DEFAULT_HOLD_S = 10.0
+#: A node is slow only when its median is also this much longer than the fastest: a model
+#: whose compute takes milliseconds has ratios made of scheduler noise.
+DEFAULT_MIN_GAP_S = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
 class StragglerKnobs:
-    """``threshold`` in (0, 1), ``window`` >= 1 samples, ``hold_s`` >= 0."""
+    """``threshold`` in (0, 1), ``window`` >= 1 samples, ``hold_s`` >= 0, ``min_gap_s`` >= 0
+    (see :data:`DEFAULT_MIN_GAP_S`)."""
 
     threshold: float = DEFAULT_THRESHOLD
     window: int = DEFAULT_WINDOW
     hold_s: float = DEFAULT_HOLD_S
+    min_gap_s: float = DEFAULT_MIN_GAP_S
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -54,6 +60,8 @@ class StragglerKnobs:
             raise ValueError(f"window must be at least 1 step, got {self.window}")
         if self.hold_s < 0:
             raise ValueError(f"hold_s must not be negative, got {self.hold_s}")
+        if self.min_gap_s < 0:
+            raise ValueError(f"min_gap_s must not be negative, got {self.min_gap_s}")
 
 
 def relative_scores(medians: Mapping[int, float]) -> dict[int, float]:
@@ -137,10 +145,19 @@ class StragglerTracker:
         individual = {r: self._best[r] / m for r, m in medians.items()}
         relative = relative_scores(medians)
         nodes = node_scores(relative, node_of)
-        if len(nodes) < 2:
-            nodes_slow: set[str] = set()
-        else:
-            nodes_slow = {n for n, s in nodes.items() if s < self.knobs.threshold}
+        nodes_slow: set[str] = set()
+        if len(nodes) >= 2:
+            best = min(m for m in medians.values() if m > 0)
+            gap = {n: 0.0 for n in nodes}
+            for rank, m in medians.items():
+                node = node_of.get(rank)
+                if node is not None and node in gap:
+                    gap[node] = max(gap[node], m - best)
+            nodes_slow = {
+                n
+                for n, score in nodes.items()
+                if score < self.knobs.threshold and gap[n] >= self.knobs.min_gap_s
+            }
         self._slow_since = {n: self._slow_since.get(n, now) for n in nodes_slow}
         stragglers = tuple(
             sorted(n for n, t in self._slow_since.items() if now - t >= self.knobs.hold_s)

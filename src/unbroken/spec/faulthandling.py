@@ -53,6 +53,9 @@ from unbroken.spec.knobs import (
     GRACE_S_RANGE,
     MAX_RESTARTS_DEFAULT,
     NO_PROGRESS_RESTARTS_RANGE,
+    STRAGGLER_HOLD_S_RANGE,
+    STRAGGLER_THRESHOLD_PERCENT_RANGE,
+    STRAGGLER_WINDOW_RANGE,
     STRATEGY_PRIORITY,
     WAIT_RESCHEDULE_S_RANGE,
     FaultHandling,
@@ -206,6 +209,21 @@ def read_fault_handling(
     sub = SubHealthyStrategy(
         _choice(sub_item, tuple(s.value for s in SubHealthyStrategy), problems) or "ignore"
     )
+    straggler_pct = _number(
+        _get(annotations, "straggler-threshold-percent", problems),
+        *STRAGGLER_THRESHOLD_PERCENT_RANGE,
+        problems,
+        "%",
+    )
+    straggler_window = _number(
+        _get(annotations, "straggler-window-steps", problems), *STRAGGLER_WINDOW_RANGE, problems
+    )
+    straggler_hold = _number(
+        _get(annotations, "straggler-hold-seconds", problems),
+        *STRAGGLER_HOLD_S_RANGE,
+        problems,
+        "s",
+    )
     strategy_item = _get(annotations, "recover-strategy", problems)
     configured = parse_strategies(strategy_item, problems) if strategy_item else ()
     wait_item = _get(annotations, "wait-reschedule-timeout", problems)
@@ -319,6 +337,17 @@ def read_fault_handling(
         fault_retry_times=retry_times,
         process_recover=process_recover,
         sub_healthy=sub,
+        straggler_threshold_percent=(
+            straggler_pct
+            if straggler_pct is not None
+            else FaultHandling.straggler_threshold_percent
+        ),
+        straggler_window=(
+            straggler_window if straggler_window is not None else FaultHandling.straggler_window
+        ),
+        straggler_hold_s=(
+            float(straggler_hold) if straggler_hold is not None else FaultHandling.straggler_hold_s
+        ),
         wait_reschedule_s=float(wait) if wait is not None else FaultHandling.wait_reschedule_s,
         decision_wait_s=decision_wait,
         max_restarts=effective_restarts,

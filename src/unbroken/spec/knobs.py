@@ -92,6 +92,15 @@ class OpRetry:
 #: Defaults and ranges from the reference implementation (DESIGN section 2).
 GRACE_S_DEFAULT = 900.0
 GRACE_S_RANGE = (2.0, 3600.0)
+# Stragglers (unbroken.policy.straggler): a node whose ranks compute slower than
+# ``threshold`` percent of the fastest rank's speed, over a median of ``window`` steps, for
+# ``hold`` seconds is a sub-health fault.
+STRAGGLER_THRESHOLD_PERCENT_RANGE = (1, 99)
+STRAGGLER_THRESHOLD_PERCENT_DEFAULT = 75
+STRAGGLER_WINDOW_RANGE = (1, 1000)
+STRAGGLER_WINDOW_DEFAULT = 5
+STRAGGLER_HOLD_S_RANGE = (0, 86400)
+STRAGGLER_HOLD_S_DEFAULT = 10
 WAIT_RESCHEDULE_S_DEFAULT = 270.0
 WAIT_RESCHEDULE_S_RANGE = (30.0, 270.0)
 DECISION_WAIT_S_DEFAULT = 30.0  # MINDIO_WAIT_MINDX_TIME
@@ -129,6 +138,9 @@ class FaultHandling:
     fault_retry_times: int = 0  # 0: no unconditional reschedule retries
     process_recover: ProcessRecover = ProcessRecover.OFF
     sub_healthy: SubHealthyStrategy = SubHealthyStrategy.IGNORE
+    straggler_threshold_percent: int = STRAGGLER_THRESHOLD_PERCENT_DEFAULT
+    straggler_window: int = STRAGGLER_WINDOW_DEFAULT
+    straggler_hold_s: float = STRAGGLER_HOLD_S_DEFAULT
     wait_reschedule_s: float = WAIT_RESCHEDULE_S_DEFAULT
     decision_wait_s: float = DECISION_WAIT_S_DEFAULT
     max_restarts: int = MAX_RESTARTS_DEFAULT

@@ -113,6 +113,16 @@ def test_one_node_or_all_slow_together_is_no_straggler() -> None:
     assert v.stragglers == () and v.individual == pytest.approx({0: 0.25, 2: 0.25})
 
 
+@pytest.mark.parametrize(("min_gap_s", "stragglers"), [(0.02, ()), (0.0, ("b",))])
+def test_milliseconds_of_difference_are_noise_however_large_the_ratio(
+    min_gap_s: float, stragglers: tuple[str, ...]
+) -> None:
+    tr = StragglerTracker(StragglerKnobs(window=1, hold_s=0.0, min_gap_s=min_gap_s))
+    feed(tr, 0, {0: 0.001, 2: 0.004})  # four times as long, but 3 ms
+    v = tr.evaluate(0.0, NODES)
+    assert v.nodes["b"] == pytest.approx(0.25) and v.stragglers == stragglers
+
+
 @pytest.mark.parametrize(
     ("kwargs", "problem"),
     [
@@ -120,6 +130,7 @@ def test_one_node_or_all_slow_together_is_no_straggler() -> None:
         ({"threshold": 0.0}, "threshold must be between 0 and 1"),
         ({"window": 0}, "window must be at least 1"),
         ({"hold_s": -1.0}, "hold_s must not be negative"),
+        ({"min_gap_s": -0.1}, "min_gap_s must not be negative"),
     ],
 )
 def test_bad_knobs_name_the_problem(kwargs: dict[str, float], problem: str) -> None:

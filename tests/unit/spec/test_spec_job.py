@@ -496,3 +496,19 @@ BOMB = "".join(
 def test_hostile_yaml_is_refused_in_one_line(tmp_path: Path, text: str, message: str) -> None:
     (line,) = errors(tmp_path, text)
     assert message in line, line
+
+
+def test_straggler_knobs_are_read_and_bounded(tmp_path: Path) -> None:
+    fh = load_job(write(tmp_path, job_text())).fault_handling
+    assert (fh.straggler_threshold_percent, fh.straggler_window, fh.straggler_hold_s) == (75, 5, 10)
+    text = job_text(
+        annotations='    straggler-threshold-percent: "60"\n'
+        '    straggler-window-steps: "3"\n'
+        '    straggler-hold-seconds: "2"'
+    )
+    fh = load_job(write(tmp_path, text)).fault_handling
+    assert (fh.straggler_threshold_percent, fh.straggler_window, fh.straggler_hold_s) == (60, 3, 2)
+    assert errors(tmp_path, job_text(annotations='    straggler-threshold-percent: "100"')) == [
+        ":10: metadata.annotations.straggler-threshold-percent: straggler-threshold-percent is "
+        "out of range: got '100'; allowed: a whole number 1-99 %"
+    ]
