@@ -133,6 +133,7 @@ class ScriptedAgent:
                     comm_ready_at=stamps.get("ready_at", T0 + 1),
                     state_loaded_at=stamps.get("ready_at", T0 + 1),
                     first_commit_at=stamps.get("ready_at", T0 + 1) + 0.5,
+                    compute_time_s=stamps.get("compute_s", 0.0),
                 ),
             )
             for r in self.ranks
@@ -506,6 +507,38 @@ def test_a_hot_switch_moves_the_pod_at_a_step_boundary_with_state_from_a_rank_th
     assert switched["switch_s"] == pytest.approx(ready + 0.5 - T0, abs=0.2)
     assert isinstance(ex.policy_state, Running) and ex.switch is None
     assert job.m.incident is None
+
+
+def test_a_node_whose_ranks_compute_slowly_is_a_straggler_hot_switched_to_a_free_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(tmp_path, monkeypatch, sub_healthy=SubHealthyStrategy.HOT_SWITCH, nodes=3)
+    started = placement_as_edges(job, monkeypatch)
+    a0, a1 = job.agents
+    # node-1's ranks take four times as long before the gradient collective (a CPU quota).
+    for step in range(11, 40):
+        a0.beat(Phase.TRAINING, committed=step, compute_s=0.1)
+        a1.beat(Phase.TRAINING, committed=step, compute_s=0.4)
+        job.tick(1.0)
+        if job.events("DecisionMade"):
+            break
+    (fault,) = job.events("FaultDetected")
+    assert (fault["source"], fault["code"], fault["level"]) == (
+        "sub-health",
+        "Straggler",
+        "SubHealth",
+    )
+    assert (fault["nodes"], fault["pods"], fault["ranks"]) == (["node-1"], [PODS[1]], [2, 3])
+    # A full window (5 steps), then slow for the hold (10 s) at one step a second.
+    assert step == 11 + 4 + 10, step
+    (decision,) = job.events("DecisionMade")
+    assert decision["strategy"] == "hot-switch"
+    assert decision["commands"] == [f"HotSwitch(pod='{PODS[1]}', node='node-1', device=None)"]
+    assert a0.orders() == [PauseRanks()] and a1.orders() == [PauseRanks()]
+    a0.beat(Phase.STOPPING, committed=step)
+    a1.beat(Phase.STOPPING, committed=step)
+    job.tick()
+    assert started == [(PODS[1], "node-2", 1)]
 
 
 def test_without_a_free_node_training_goes_on_and_the_decision_says_why(
