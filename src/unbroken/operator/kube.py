@@ -46,11 +46,12 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from unbroken.faults import CodeTable
+from unbroken.faults import CodeTable, Fault
 from unbroken.operator.plan import Plan, PodPlan, plan
 from unbroken.operator.reschedule import (
     DEVICE_HEALTH,
     GiveUp,
+    Level,
     Loss,
     PodLost,
     ReplacePods,
@@ -63,6 +64,7 @@ from unbroken.operator.reschedule import (
     status_of,
 )
 from unbroken.policy.states import JobState
+from unbroken.scheduler.backend import Replacement, carry_out
 from unbroken.spec import JobSpec, SpecError, load_cluster, parse_job
 
 log = logging.getLogger(__name__)
@@ -325,7 +327,7 @@ class Operator:
         now = time.time()
         for (ns, job_name), pods in by_job.items():
             for fault in device_faults(name, new, tuple(pods), self.codes, now):
-                self._decide(ns, job_name, fault, None)
+                self._decide(ns, job_name, fault)
 
     def _pods_on(self, node: str) -> list[tuple[str, str, str]]:
         """(namespace, job, pod) of the jobs' pods bound to ``node``."""
@@ -350,13 +352,16 @@ class Operator:
                 return None  # the job is gone: its pods go with it
             raise
 
-    def _recreate(self, ns: str, job_name: str, pod_name: str) -> None:
+    def _recreate(
+        self, ns: str, job_name: str, pod_name: str, avoid: tuple[str, ...] | None = None
+    ) -> None:
         body = self._job(ns, job_name)
         if body is None:
             return
         p = job_plan(job_spec(body))
         pod = next(pp for pp in p.pods if pp.name == pod_name)
-        avoid = tuple((body.get("status") or {}).get("avoidNodes") or ())
+        if avoid is None:
+            avoid = tuple((body.get("status") or {}).get("avoidNodes") or ())
         self._create_pod(ns, pod_manifest(body, p, pod, avoid))
 
     def _still_lost(self, ns: str, lost: PodLost) -> bool:
@@ -380,9 +385,9 @@ class Operator:
     def _lost(self, ns: str, job_name: str, lost: PodLost) -> None:
         if not self._still_lost(ns, lost):
             return
-        self._decide(ns, job_name, pod_fault(lost, self.codes, time.time()), lost)
+        self._decide(ns, job_name, pod_fault(lost, self.codes, time.time()))
 
-    def _decide(self, ns: str, job_name: str, fault: Any, lost: PodLost | None) -> None:
+    def _decide(self, ns: str, job_name: str, fault: Fault) -> None:
         with self.lock:
             body = self._job(ns, job_name)
             if body is None:
@@ -430,31 +435,13 @@ class Operator:
                         budgets=budgets,
                         avoidNodes=list(action.avoid_nodes),
                     )
-                    for pod_name in action.pods:
-                        self._replace(ns, job_name, pod_name, action, attempt, lost)
-
-    def _replace(
-        self,
-        ns: str,
-        job_name: str,
-        pod_name: str,
-        action: ReplacePods,
-        attempt: int,
-        lost: PodLost | None,
-    ) -> None:
-        if lost is not None and pod_name == lost.pod and lost.loss is Loss.DELETED:
-            self._recreate(ns, job_name, pod_name)  # already gone
-            return
-        mark = {"metadata": {"annotations": {REPLACING: str(attempt)}}}
-        try:
-            self.core.patch_namespaced_pod(pod_name, ns, mark)
-            self.core.delete_namespaced_pod(
-                pod_name, ns, grace_period_seconds=action.grace_period_s
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            self._recreate(ns, job_name, pod_name)  # gone meanwhile
+                    r = Replacement(
+                        action.level is Level.JOB,
+                        action.pods,
+                        action.grace_period_s,
+                        action.avoid_nodes,
+                    )
+                    carry_out(KubePods(self, ns, job_name, attempt), r)
 
     def _maybe_running(self, ns: str, job_name: str) -> None:
         body = self._job(ns, job_name)
@@ -514,6 +501,38 @@ class Operator:
         except ApiException as e:
             if e.status != 409:  # already there: a handler retried after a partial run
                 raise
+
+
+class KubePods:
+    """The Kubernetes side of :class:`unbroken.scheduler.backend.PodBackend` for one job."""
+
+    def __init__(self, op: Operator, ns: str, job_name: str, attempt: int) -> None:
+        self.op, self.ns, self.job_name, self.attempt = op, ns, job_name, attempt
+
+    def stop_pods(self, pods: tuple[str, ...], grace_s: float | None) -> None:
+        """Mark each pod as being replaced (its deletion event then creates it again rather
+        than counting as a fault) and delete it with the grace period."""
+        mark = {"metadata": {"annotations": {REPLACING: str(self.attempt)}}}
+        for pod in pods:
+            try:
+                self.op.core.patch_namespaced_pod(pod, self.ns, mark)
+                self.op.core.delete_namespaced_pod(
+                    pod, self.ns, grace_period_seconds=int(grace_s or 0)
+                )
+            except ApiException as e:
+                if e.status != 404:  # gone already: start_pods creates it
+                    raise
+
+    def start_pods(self, pods: tuple[str, ...], avoid_nodes: tuple[str, ...]) -> None:
+        """Create the pods that are gone; one still terminating is created by its deletion
+        event (:meth:`Operator._recreate`), with the same ``avoid_nodes`` from the status."""
+        for pod in pods:
+            try:
+                self.op.core.read_namespaced_pod(pod, self.ns)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self.op._recreate(self.ns, self.job_name, pod, avoid_nodes)
 
 
 def _job_owner(meta: dict[str, Any]) -> str | None:

@@ -17,13 +17,14 @@ The events and the faults they become (:func:`pod_fault`, :func:`device_faults`)
   a ``device`` fault per listed device and job pod on that node, with the level
   ``codes.yaml`` gives the code (an unknown code: the table's level for unknown codes).
 
-The commands, on Kubernetes: ``ReschedulePods`` replaces the named pods, ``RescheduleJob`` every
-pod of the job (delete, then create again from the plan, off the isolated nodes), ``FailJob``
-fails the job, ``IsolateNode`` adds the node to the avoided ones. No agent runs in the pods yet,
-so the policy is told so: ``max_restarts`` is 0 (no in-pod restart) and the feasibility is the
-conservative default (no process-level rung); a rung the operator cannot carry out anyway is
-reported to the policy as failed, so the ladder goes on below it. A recovery counts as completed
-when every planned pod runs again (:func:`recovered`).
+The commands, read by :func:`unbroken.scheduler.backend.replacement`: ``ReschedulePods`` replaces
+the named pods, ``RescheduleJob`` every pod of the job (delete, then create again from the plan, off
+the isolated nodes), ``FailJob`` fails the job, ``IsolateNode`` adds the node to the avoided ones;
+``IsolateDevice`` is left to the device plugin, which withholds an unhealthy device. No agent runs
+in the pods yet, so the policy is told so: ``max_restarts`` is 0 (no in-pod restart) and the
+feasibility is the conservative default (no process-level rung); a rung the operator cannot carry
+out anyway is reported to the policy as failed, so the ladder goes on below it. A recovery counts as
+completed when every planned pod runs again (:func:`recovered`).
 """
 
 from __future__ import annotations
@@ -35,17 +36,12 @@ from enum import StrEnum
 from typing import Any
 
 from unbroken.faults import CodeTable, Fault, FaultLevel
-from unbroken.policy.commands import (
-    FailJob,
-    IsolateDevice,
-    IsolateNode,
-    RescheduleJob,
-    ReschedulePods,
-)
+from unbroken.policy.commands import Command, FailJob
 from unbroken.policy.decision import decide as policy_decide
 from unbroken.policy.events import FaultDetected, Feasibility, RecoveryCompleted, RecoveryFailed
 from unbroken.policy.states import Budgets, JobState, Recovering, Running
 from unbroken.protocol.kinds import FaultKind
+from unbroken.scheduler.backend import Replacement, replacement
 from unbroken.spec.knobs import FaultHandling
 
 DEVICE_HEALTH = "unbroken.dev/device-health"  # node annotation: {"<device>": "<fault code>"}
@@ -240,24 +236,13 @@ def status_of(state: JobState) -> dict[str, int]:
 
 
 def _action(
-    commands: tuple[object, ...], pods: tuple[str, ...], avoided: tuple[str, ...]
+    commands: tuple[Command, ...], pods: tuple[str, ...], avoided: tuple[str, ...]
 ) -> ReplacePods | GiveUp | None:
-    nodes = set(avoided)
-    action: ReplacePods | GiveUp | None = None
-    for command in commands:
-        match command:
-            case IsolateNode(node=node):
-                nodes.add(node)
-            case IsolateDevice():
-                pass  # the device plugin withholds an unhealthy device; the node stays usable
-            case ReschedulePods(pods=lost, isolate_nodes=isolate, grace_s=grace):
-                nodes.update(isolate)
-                action = ReplacePods(Level.POD, lost, int(grace or 0), ())
-            case RescheduleJob(isolate_nodes=isolate, grace_s=grace):
-                nodes.update(isolate)
-                action = ReplacePods(Level.JOB, pods, int(grace or 0), ())
-            case FailJob(reason=reason):
-                action = GiveUp("NoRungLeft", reason)
-    if isinstance(action, ReplacePods):
-        action = dataclasses.replace(action, avoid_nodes=tuple(sorted(nodes)))
-    return action
+    match replacement(commands, pods, avoided):
+        case None:
+            return None
+        case FailJob(reason=reason):
+            return GiveUp("NoRungLeft", reason)
+        case Replacement() as r:
+            level = Level.JOB if r.job_level else Level.POD
+            return ReplacePods(level, r.pods, int(r.grace_s or 0), r.avoid_nodes)
