@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from unbroken.agent.image import Image
+from unbroken.agent.remote import RemoteChild
 from unbroken.chaos import ChaosFault
 from unbroken.devices import (
     DeviceFaulted,
@@ -270,6 +271,8 @@ class Executor:
         #: Warm spare agents by node (see :meth:`keep_spares`); UNBROKEN_STANDBY=0: none.
         self.spares: dict[str, Spare] = {}
         self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
+        #: Nodes of hosts that joined (``unbroken serve``): their pods start there, remotely.
+        self.remote_nodes: NodeRegistry | None = None
         self._spares_checked_at = 0.0
         #: The node image agents are forked from (:meth:`start_image`); None: cold agents.
         self.image: Image | None = None
@@ -1326,6 +1329,14 @@ class Executor:
             spare.proc.kill()
             spare.proc.wait()
 
+    @property
+    def store_host(self) -> str:
+        """Where ranks reach the rendezvous store: 127.0.0.1, or the control plane's address
+        when pods run on other hosts."""
+        if self.remote_nodes is None:
+            return "127.0.0.1"
+        return self.m.control_address.rpartition(":")[0]
+
     def start_image(self) -> None:
         """Start the node image (:mod:`unbroken.agent.image`): torch imported once for every
         agent and zygote of the embedded cluster's nodes, which share this machine. Off with
@@ -1557,7 +1568,7 @@ class Executor:
             nproc_per_node=layout.nproc,
             nnodes=len(self.job.pods),
             node_rank=layout.node_rank,
-            master_addr="127.0.0.1",
+            master_addr=self.store_host,
             master_port=m.master_port,
             max_restarts=self.fh.max_restarts,
             monitor_interval_s=self.fh.monitor_interval_s,
@@ -1566,6 +1577,10 @@ class Executor:
             script_args=self.job.script_args,
         )
         log_path = self.run_dir / "pods" / pod / "agent.log"
+        if self.remote_nodes is not None:  # the pod's agent starts on its node's host
+            child = RemoteChild(self.remote_nodes, node, pod, argv, env, self.job.workdir, log_path)
+            m.pods[pod] = PodProcess(pod, node, gen, child, started_at=time.time())
+            return
         spare = self.spares.pop(node, None)
         if spare is not None:
             taken = assume(

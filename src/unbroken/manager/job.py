@@ -190,6 +190,8 @@ class JobManager:
         self.watcher: DeviceWatcher | None = None
         self.sim_dir = run_dir / "devices"
         self.control_file = run_dir / "control.json"
+        #: Where the control plane and the rendezvous stores listen (``unbroken serve``).
+        self.listen: tuple[str, int] = ("127.0.0.1", 0)
         self.next_status_at = 0.0
         self.master_port = 0
         self.replica_step: dict[int, int] = {}  # generation -> step repaired from a replica
@@ -236,7 +238,15 @@ class JobManager:
         # First: the node image imports torch while the rest of the start goes on.
         self.executor.start_image()
         self.open_store(self.job.master_port or 0)
-        self.server = build_server(self.secret, self.inbox, self.commands, answer_timeout_s=10.0)
+        self.server = build_server(
+            self.secret,
+            self.inbox,
+            self.commands,
+            answer_timeout_s=10.0,
+            nodes=self.executor.remote_nodes,
+            host=self.listen[0],
+            port=self.listen[1],
+        )
         self.server.start()
         self._start_web()
         self._write_control_file()
@@ -310,8 +320,9 @@ class JobManager:
         there already, and this process then imports none), else in this process. Raises
         ``OSError`` when it cannot listen there."""
         image = self.executor.image
-        store = None if image is None else image.host_store("127.0.0.1", port)
-        return host_store("127.0.0.1", port) if store is None else store
+        host = self.listen[0]
+        store = None if image is None else image.host_store(host, port)
+        return host_store(host, port) if store is None else store
 
     def _write_control_file(self) -> None:
         # A new file of ours, 0600 from its creation, never a path planted before us (O_EXCL,
