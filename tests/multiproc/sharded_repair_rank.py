@@ -2,9 +2,12 @@
 whose rank ``--lose`` loses its training state after step ``--at``: it builds a new model from
 another seed and an optimizer without state, as a replacement process does, and every rank runs
 the shard-wise repair (:func:`unbroken.worker.replica.repair`, ``source`` rank 0). The lost
-shard comes from the rank holding the same shard in the other replica group. Training goes on
-to ``--steps``; rank 0 writes ``<out>/result.txt``: the ranks that received, the source ranks
-the log named, and the digest of the whole state (``full_digest``)."""
+shard comes from the rank holding the same shard in the other replica group. With
+``--rebind`` every rank first moves its FSDP modules to a new mesh's process groups and
+destroys the old ones, as the healthy ranks of a new generation must
+(:func:`unbroken.worker.sharding.rebind`). Training goes on to ``--steps``; rank 0 writes
+``<out>/result.txt``: the ranks that received and the digest of the whole state
+(``full_digest``)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from unbroken.worker.replica import repair
+from unbroken.worker.sharding import rebind
 from unbroken.worker.trainstate import TrainState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -40,6 +44,9 @@ def main() -> None:
     p.add_argument("--lose", type=int, default=-1)
     p.add_argument("--at", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument(
+        "--rebind", action="store_true", help="move the model to a new mesh's groups at --at"
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -48,6 +55,12 @@ def main() -> None:
     model, opt = build(5, mesh)
     received: tuple[int, ...] = ()
     for step in range(args.steps):
+        if step == args.at and args.rebind:
+            old = [mesh.get_group(d) for d in range(mesh.ndim)]
+            new_mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("rep", "shard"))
+            assert rebind(model, new_mesh) == 1
+            for group in old:  # the old generation's groups are gone
+                dist.destroy_process_group(group)
         if step == args.at and args.lose >= 0:
             fresh = rank == args.lose
             if fresh:

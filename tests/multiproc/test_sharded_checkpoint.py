@@ -118,7 +118,7 @@ def test_layouts_say_which_ranks_hold_a_shard_and_what_replicas_cost() -> None:
     assert (hsdp.bytes_per_param(), hsdp.bytes_per_param(copies=1)) == (8.0, 4.0)
     assert hsdp.replica_bytes_per_param == 4.0
     refusal = in_process_refusal(hsdp)
-    assert refusal is not None and "cannot rebind the healthy ranks' sharded model" in refusal
+    assert refusal is not None and "nor regroup a sharded model" in refusal
 
     fsdp = Sharding(Layout.FSDP, (0, 1, 2, 3), both)
     assert (fsdp.copies, fsdp.holders(2), fsdp.unreplicated) == (1, (2,), True)
@@ -164,17 +164,21 @@ def test_replicas_of_a_shard_are_compared_and_a_difference_is_caught(tmp_path: P
 def test_hsdp_rank_that_lost_its_state_is_repaired_from_the_other_replica_group(
     tmp_path: Path,
 ) -> None:
-    """HSDP 2 x 2: rank 3 loses its model and optimizer shards after step 3 (a replacement's
-    new model and empty optimizer). Source rank 0 does not hold rank 3's shard; the repair
-    takes it from rank 1, which does, and the run ends bitwise equal to one without the loss.
-    """
+    """HSDP 2 x 2: at step 3 every rank moves its FSDP modules to a new mesh's process groups
+    (``rebind``) and destroys the old ones, and rank 3 loses its model and optimizer shards (a
+    replacement's new model and empty optimizer). Source rank 0 does not hold rank 3's shard;
+    the repair takes it from rank 1, which does, and the run ends bitwise equal to one without
+    the loss (which keeps its groups)."""
     script = REPO / "tests" / "multiproc" / "sharded_repair_rank.py"
     results = []
     for lose, out in ((-1, tmp_path / "clean"), (3, tmp_path / "repaired")):
         out.mkdir()
         cluster = Cluster(out, world_size=4, script=script)
         try:
-            cluster.start(["--out", str(out), "--lose", str(lose)], managed=False).expect_success()
+            rebind = ["--rebind"] if lose >= 0 else []
+            cluster.start(
+                ["--out", str(out), "--lose", str(lose), *rebind], managed=False
+            ).expect_success()
         finally:
             cluster.close()
         results.append((out / "result.txt").read_text().splitlines())

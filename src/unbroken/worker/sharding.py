@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
@@ -183,10 +184,11 @@ def in_process_refusal(sharding: Sharding) -> str | None:
     A shard held by one rank is lost with that rank: no healthy process holds it, so the rung
     that could restore it is the restart from the newest checkpoint, with every rank. A shard
     with replicas can be copied from one (:func:`unbroken.worker.replica.repair` repairs shard
-    by shard), but the healthy ranks cannot take part yet: their FSDP modules and ZeRO
-    optimizer keep the process groups of the generation that failed, and a failed all-gather
-    or reduce-scatter in the forward or backward is not caught at the step boundary as the DDP
-    hook catches a failed all-reduce. Last words need the whole state on one rank."""
+    by shard) and :func:`rebind` moves an FSDP2/HSDP model to a new generation's groups, but
+    recovery does not use them yet: a failed all-gather or reduce-scatter in the forward or
+    backward is not caught at the step boundary as the DDP hook catches a failed all-reduce,
+    the regroup replays DDP's constructor only, and a ZeRO optimizer keeps its old group.
+    Last words need the whole state on one rank."""
     if not sharding.sharded_parts:
         return None
     if sharding.unreplicated:
@@ -195,7 +197,42 @@ def in_process_refusal(sharding: Sharding) -> str | None:
             "only the newest checkpoint can restore it; the job restarts from it"
         )
     return (
-        f"{sharding.describe()}: a lost shard's replica is on another rank, but this version "
-        "cannot rebind the healthy ranks' sharded model and optimizer to a new process group "
-        "in process; the job restarts from the newest checkpoint"
+        f"{sharding.describe()}: a lost shard's replica is on another rank, but in-process "
+        "recovery does not yet catch a failed all-gather or reduce-scatter nor regroup a "
+        "sharded model; the job restarts from the newest checkpoint"
     )
+
+
+def rebind(model: torch.nn.Module, mesh: DeviceMesh) -> int:
+    """Point ``model``'s FSDP2/HSDP modules at the process groups of ``mesh`` (a mesh of the
+    same shape and ranks, built over the current default group, e.g. of a new generation), in
+    place: the device mesh object their parameters, ``DTensor`` shards and optimizer state
+    refer to takes ``mesh``'s groups, and every FSDP parameter group reads its all-gather,
+    reduce-scatter and all-reduce groups from it again. Returns how many meshes were rebound.
+
+    The mesh object is kept (not replaced) because every ``DTensor`` of the model and of the
+    optimizer's state holds it in its spec; only the groups behind its dimensions change."""
+    from torch.distributed.fsdp import FSDPModule
+
+    rebound: dict[int, DeviceMesh] = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            continue
+        for info in (group.mesh_info, group.post_forward_mesh_info):
+            if info is None:
+                continue
+            old = info.mesh
+            if old.mesh.tolist() != mesh.mesh.tolist():
+                raise ShardingError(
+                    f"cannot rebind a mesh of ranks {old.mesh.tolist()} to one of "
+                    f"{mesh.mesh.tolist()}"
+                )
+            if id(old) not in rebound:
+                old._dim_group_names = list(mesh._dim_group_names)
+                old._pg_registry = dict(getattr(mesh, "_pg_registry", {}))
+                rebound[id(old)] = old
+            info.__post_init__()  # type: ignore[no-untyped-call]  # re-reads the groups
+    return len(rebound)
