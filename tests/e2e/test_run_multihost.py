@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 import queue
 import secrets
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_runs import cli_env
-from netns_hosts import Hosts, hosts
+from cli_runs import JOB, RUN_TIMEOUT_S, Reference, cli_env, digest, wait_for
+from netns_hosts import PLANE_IFNAMES, Hosts, hosts
 
 from unbroken.manager.service import CommandQueues, Inbound, NodeRegistry, build_server
 
@@ -31,7 +32,16 @@ def _token_file(tmp_path: Path, secret: str) -> Path:
     return path
 
 
-def _join(h: Hosts, i: int, control: str, token: Path, node: str) -> subprocess.Popen[str]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _join(
+    h: Hosts, i: int, control: str, token: Path, node: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     argv = [
         sys.executable,
         "-m",
@@ -46,7 +56,7 @@ def _join(h: Hosts, i: int, control: str, token: Path, node: str) -> subprocess.
     ]
     return subprocess.Popen(
         h.argv(i, argv),
-        env=cli_env(),
+        env=cli_env() if env is None else env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -135,3 +145,50 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     assert done.stderr == (
         f"unbroken launch: --token-file {token}: readable by others (mode 644); chmod 600 it\n"
     )
+
+
+def test_a_job_across_namespace_hosts_trains_to_the_fault_free_model(
+    tmp_path: Path, run_dir: Path, fault_free: Reference
+) -> None:
+    """``unbroken serve`` on the root namespace's bridge address, a host agent per namespace
+    (two for the pods, one spare): the job trains across them, gloo over the bridge, to the
+    fault-free run's model bit for bit."""
+    token = tmp_path / "token"
+    with hosts(3) as h:
+        control = f"{h.root_address()}:{_free_port()}"
+        serve = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "unbroken",
+                "serve",
+                str(JOB),
+                "--listen",
+                control,
+                "--token-file",
+                str(token),
+                "--run-dir",
+                str(run_dir),
+                "--quiet",
+            ],
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        agents: list[subprocess.Popen[str]] = []
+        try:
+            wait_for(lambda: (run_dir / "control.json").exists(), "the control plane", 60.0)
+            for i in range(3):
+                env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0]}
+                agents.append(_join(h, i, control, token, f"node-{i}", env))
+            out, err = serve.communicate(timeout=RUN_TIMEOUT_S)
+            assert serve.returncode == 0, (out, err)
+            assert "job e2e-mlp: SUCCEEDED" in out, (out, err)
+            assert digest(run_dir) == fault_free.digest
+        finally:
+            for p in (serve, *agents):
+                if p.poll() is None:
+                    p.kill()
+                p.communicate()

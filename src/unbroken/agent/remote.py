@@ -13,14 +13,21 @@ it to every user of the host.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import stat
-from collections.abc import Sequence
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from unbroken.manager.service import JOIN, NODE_ORDERS
+from unbroken.agent.image import OwnChild
+from unbroken.manager.service import JOIN, NODE_ORDERS, NODE_POD, NodeRegistry
 from unbroken.rpc import ControlClient, RpcError
 
 
@@ -116,8 +123,100 @@ def join(args: JoinArgs, timeout_s: float = 5.0) -> int:
     if not reply.get("ok"):
         raise JoinError(f"{args.control} refused node {args.node}: {reply.get('error', '?')}")
     try:
-        for _order in client.stream(NODE_ORDERS, {"node": args.node, "pid": os.getpid()}):
-            pass  # orders to start pods on this node are not sent yet by the control plane
+        for order in client.stream(NODE_ORDERS, {"node": args.node, "pid": os.getpid()}):
+            _run_order(client, args.node, order)
     except RpcError as exc:
         raise JoinError(f"lost the control plane {args.control}: {exc}") from None
     return 0
+
+
+def _run_order(client: ControlClient, node: str, order: dict[str, object]) -> None:
+    """Start a pod's agent process on this host (``start``) or signal one (``signal``)."""
+    kind = order.get("kind")
+    if kind == "signal":
+        with contextlib.suppress(ProcessLookupError, TypeError, ValueError):
+            os.kill(int(str(order["pid"])), int(str(order["sig"])))
+        return
+    if kind != "start":
+        return
+    pod = str(order["pod"])
+    log_path = Path(str(order["log"]))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {str(k): str(v) for k, v in dict(order["env"]).items()}  # type: ignore[call-overload]
+    # This host's choices of interface (GLOO_SOCKET_IFNAME=...) win over the control plane's.
+    env.update({k: v for k, v in os.environ.items() if k.endswith("_SOCKET_IFNAME")})
+    argv = [sys.executable if a == "{python}" else str(a) for a in order["argv"]]  # type: ignore[attr-defined]
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=str(order["cwd"]),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    client.call(NODE_POD, {"node": node, "pod": pod, "pid": proc.pid})
+
+    def watch() -> None:
+        code = proc.wait()
+        with contextlib.suppress(RpcError):
+            client.call(NODE_POD, {"node": node, "pod": pod, "pid": proc.pid, "code": code})
+
+    threading.Thread(target=watch, name=f"pod-{pod}", daemon=True).start()
+
+
+class RemoteChild(OwnChild):
+    """A pod's agent process on a joined host, with the part of ``Popen``'s interface the
+    control plane uses: started, signalled and reaped through the host's agent."""
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        node: str,
+        pod: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        log_path: Path,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self._registry = registry
+        self.node = node
+        python = sys.executable
+        registry.order(
+            node,
+            {
+                "kind": "start",
+                "pod": pod,
+                "argv": ["{python}" if a == python else a for a in argv],
+                "env": dict(env),
+                "cwd": str(cwd),
+                "log": str(log_path),
+            },
+            wait_s=timeout_s,
+        )
+        pid = registry.started_pid(node, pod, timeout_s)
+        if pid is None:
+            raise OSError(f"node {node} did not start pod {pod} in {timeout_s:g} s")
+        super().__init__(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._registry.exit_code(self.node, self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            self._registry.order(self.node, {"kind": "signal", "pid": self.pid, "sig": int(sig)})
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)

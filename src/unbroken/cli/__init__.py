@@ -20,6 +20,7 @@ _COMMANDS: dict[str, str] = {
     "plan": "plan",
     "launch": "launch",
     "run": "run",
+    "serve": "serve",
     "status": "status",
     "events": "events",
     "report": "report",

@@ -94,7 +94,7 @@ from unbroken.manager.rungs import (
     advance_last_words,
     advance_rejoin,
 )
-from unbroken.manager.service import CommandQueues
+from unbroken.manager.service import CommandQueues, NodeRegistry
 from unbroken.policy import (
     BackOff,
     Command,

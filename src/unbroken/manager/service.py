@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ JsonObj = dict[str, Any]
 #: A host's agent (``unbroken launch --join``) registers its node, then follows its orders.
 JOIN = "NodeJoin"
 NODE_ORDERS = "NodeOrders"
+#: A host's agent says a process it started for a pod started (with its pid) or exited.
+NODE_POD = "NodePod"
 
 
 @dataclass
@@ -65,7 +68,46 @@ class NodeRegistry:
 
     _nodes: dict[str, JoinedNode] = field(default_factory=dict)
     _orders: dict[str, queue.Queue[JsonObj]] = field(default_factory=dict)
+    _started: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, pod) -> pid
+    _exits: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, pid) -> code
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def pod_report(self, body: JsonObj) -> JsonObj:
+        node, pod, pid = str(body["node"]), str(body["pod"]), int(body["pid"])
+        with self.changed:
+            if body.get("code") is None:
+                self._started[(node, pod)] = pid
+            else:
+                self._exits[(node, pid)] = int(body["code"])
+            self.changed.notify_all()
+        return {"ok": True}
+
+    def order(self, node: str, order: JsonObj, wait_s: float = 0.0) -> None:
+        """Queue ``order`` for ``node``'s host, waiting up to ``wait_s`` for it to join."""
+        deadline = time.monotonic() + wait_s
+        with self.changed:
+            while (q := self._orders.get(node)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(f"node {node} has not joined (unbroken launch --join)")
+                self.changed.wait(left)
+        q.put(order)
+
+    def started_pid(self, node: str, pod: str, timeout_s: float) -> int | None:
+        """The pid of the process the node started for ``pod`` (cleared when read)."""
+        deadline = time.monotonic() + timeout_s
+        with self.changed:
+            while (node, pod) not in self._started:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.changed.wait(left)
+            return self._started.pop((node, pod))
+
+    def exit_code(self, node: str, pid: int) -> int | None:
+        with self.changed:
+            return self._exits.get((node, pid))
 
     def join(self, body: JsonObj) -> JsonObj:
         node = str(body["node"])
@@ -79,6 +121,8 @@ class NodeRegistry:
                 return {"ok": False, "error": f"node {node} already joined from {known.address}"}
             self._nodes[node] = JoinedNode(node, devices, address, int(body["pid"]))
             self._orders.setdefault(node, queue.Queue())
+        with self.changed:
+            self.changed.notify_all()
         return {"ok": True}
 
     def nodes(self) -> tuple[JoinedNode, ...]:
@@ -149,6 +193,7 @@ def build_server(
             "StressTest": ask("StressTest"),
             "Release": ask("Release"),
             JOIN: registry.join,
+            NODE_POD: registry.pod_report,
         },
         streams={COMMANDS: agent_commands, NODE_ORDERS: node_orders},
         host=host,

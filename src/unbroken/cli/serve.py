@@ -1,0 +1,130 @@
+"""``unbroken serve JOB.yaml --cluster CLUSTER.yaml --listen ADDR:PORT``: the control plane of a
+job whose nodes are other hosts.
+
+The same job manager as ``unbroken run``, listening where the user asks, with no embedded
+cluster: the cluster's nodes are ``node-0`` .. ``node-N-1``, and each is a host whose agent joins
+with ``unbroken launch --join ADDR:PORT --token-file TOKEN --node node-I``. The token (the run's
+secret) is written, mode 0600, to ``--token-file`` (default: ``token`` in the run directory).
+The rendezvous stores listen on the same address; torch's TCPStore has no authentication, so
+that address must be one only the job's hosts reach (a private network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from unbroken.cli.run import _terminate_as_interrupt, build_layout
+from unbroken.cli.rundir import RunDirError, claim_run_dir
+from unbroken.faults import CodeTableError
+from unbroken.ledger import Ledger, LedgerError
+from unbroken.manager.console import Console
+from unbroken.manager.layout import ClusterLayout, ManagerOptions
+from unbroken.spec import HotReset, SpecError, load_cluster, load_job
+
+DEFAULT_PORT = 29400
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="the control plane of a job whose nodes are other hosts")
+    p.add_argument("job", type=Path, help="the job YAML")
+    p.add_argument("--cluster", type=Path, default=None, help="the cluster YAML")
+    p.add_argument(
+        "--listen",
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        metavar="ADDR:PORT",
+        help=f"where the control plane listens (default 127.0.0.1:{DEFAULT_PORT})",
+    )
+    p.add_argument("--token-file", type=Path, default=None, help="default: RUN_DIR/token")
+    p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<job>-<time>")
+    p.add_argument("--agent-timeout", type=float, default=2.0, help="s before a node is lost")
+    p.add_argument("--hang-timeout", type=float, default=3.0, help="s of silence that is a hang")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+
+
+def _fail(msg: str) -> int:
+    print(f"unbroken serve: {msg}", file=sys.stderr)
+    return 1
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: expected ADDR:PORT with a port from 1 to 65535")
+    return host, int(port)
+
+
+def write_token(path: Path, secret: str) -> None:
+    """The token in a new file only its owner reads (0600 from its creation)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        job = load_job(args.job)
+        cluster = load_cluster(args.cluster, job)
+    except SpecError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    try:
+        listen = _listen(args.listen)
+        layout = build_layout(job, cluster, Path("."))
+    except (ValueError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    try:
+        lock = claim_run_dir(job.name, args.run_dir)
+    except RunDirError as exc:
+        return _fail(str(exc))
+    from unbroken.manager.job import JobManager, ManagerError
+    from unbroken.manager.service import NodeRegistry
+
+    # Nodes are other hosts: no node image or warm spares on this one.
+    os.environ["UNBROKEN_STANDBY"] = "0"
+    with lock, _terminate_as_interrupt() as stopped_by:
+        run_dir = lock.path
+        layout = dataclasses.replace(layout, workdir=run_dir)
+        cl = ClusterLayout(
+            nodes=tuple(f"node-{i}" for i in range(cluster.nodes)),
+            devices_per_node=cluster.devices_per_node,
+            list_watch_period_s=cluster.list_watch_period_s,
+            auto_stowing=cluster.auto_stowing,
+            offline_reset=cluster.hot_reset is HotReset.OFFLINE,
+        )
+        opts = ManagerOptions(agent_timeout_s=args.agent_timeout, hang_startup_s=args.hang_timeout)
+        console = Console(quiet=args.quiet)
+        try:
+            ledger = Ledger(run_dir / "ledger.db")
+            manager = JobManager(layout, cl, run_dir, ledger, (), opts, console)
+            manager.listen = listen
+            manager.executor.remote_nodes = NodeRegistry()
+            token = args.token_file or run_dir / "token"
+            write_token(token, manager.secret)
+        except (LedgerError, ManagerError, CodeTableError, OSError) as exc:
+            return _fail(str(exc))
+        console.line(
+            f"run directory {run_dir}; token {token}; hosts join with: unbroken launch --join "
+            f"{listen[0]}:{listen[1]} --token-file TOKEN --node node-I (I = 0..{cluster.nodes - 1})"
+        )
+        try:
+            outcome = manager.run()
+        except (ManagerError, CodeTableError, OSError) as exc:
+            return _fail(str(exc))
+        except KeyboardInterrupt:
+            return _fail(f"{stopped_by()}; every process of the run was stopped")
+        finally:
+            ledger.close()
+        print(
+            f"\njob {layout.job_id}: {'SUCCEEDED' if outcome.succeeded else 'FAILED'} "
+            f"after {outcome.elapsed_s:.1f} s; step {outcome.step}; {outcome.faults} fault(s), "
+            f"{outcome.recoveries} recovery(ies)"
+        )
+        if not outcome.succeeded:
+            print(f"reason: {outcome.reason}", file=sys.stderr)
+        return 0 if outcome.succeeded else 1
