@@ -60,7 +60,8 @@ Process level, only when ``recover-strategy`` is present, ``process-recover-enab
 - L1  ``retry``: every fault retryable (``device-memory`` or ``link``, level at most
   ``RestartBusiness``) and names its ranks; a healthy replica exists. ``RetryOnline(ranks)``.
 - L2  ``recover-in-place``: every fault a ``process-exit`` or ``exception`` at most
-  ``RestartBusiness``, younger than 60 s, naming its pod; a replica exists.
+  ``RestartBusiness``, or a chip fault (``device``, ``device-memory``) of level
+  ``RestartRequest``/``RestartBusiness``; younger than 60 s, naming its pod; a replica exists.
   ``RestartInPlace(pod, ranks)`` per pod.
 - L3  ``recover``: a replica exists, a spare node is free or the pod is schedulable, faults
   name their pods. ``RecoverOnSpare(pod, ...)`` per pod; deadline ``wait_reschedule_s``, then

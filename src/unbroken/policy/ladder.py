@@ -40,8 +40,20 @@ HOT_SWITCH_TIMEOUT_S = 600.0
 HARDWARE_RESCHEDULE_CAP = 8
 
 _IN_PLACE_KINDS = frozenset({FaultKind.PROCESS_EXIT, FaultKind.EXCEPTION})
+#: Chip faults that ``recover-in-place`` takes as the reference does: a level that restarts the
+#: training processes and neither resets nor isolates the device (the fault's age is checked
+#: apart, against :data:`RECOVER_IN_PLACE_MAX_AGE_S`).
+_IN_PLACE_CHIP_KINDS = frozenset({FaultKind.DEVICE, FaultKind.DEVICE_MEMORY})
 _REPEATABLE = frozenset({Rung.PROCESS_RESTART, Rung.JOB_RESCHEDULE})
 _SOFTWARE_LEVELS = frozenset({FaultLevel.RESTART_REQUEST, FaultLevel.RESTART_BUSINESS})
+
+
+def _in_place(f: Fault) -> bool:
+    """``recover-in-place`` may restart the processes of ``f`` where they are: a process exit
+    or exception of a restart level, or a chip fault of level RestartRequest/RestartBusiness."""
+    if f.kind in _IN_PLACE_KINDS:
+        return f.level.severity <= FaultLevel.RESTART_BUSINESS.severity
+    return f.kind in _IN_PLACE_CHIP_KINDS and f.level in _SOFTWARE_LEVELS
 
 
 @dataclass(frozen=True)
@@ -155,15 +167,19 @@ def _process_rungs(
         + ([] if all(f.retryable for f in faults) else ["not every fault is retryable"])
         + ([] if all(f.ranks for f in faults) else ["a fault names no rank"]),
     )
-    in_place_ok = all(
-        f.kind in _IN_PLACE_KINDS and f.level.severity <= FaultLevel.RESTART_BUSINESS.severity
-        for f in faults
-    )
+    in_place_ok = all(_in_place(f) for f in faults)
     consider(
         Strategy.RECOVER_IN_PLACE,
         Rung.RECOVER_IN_PLACE,
         common
-        + ([] if in_place_ok else ["not every fault is a process exit or exception"])
+        + (
+            []
+            if in_place_ok
+            else [
+                "not every fault is a process exit or exception (or a chip fault of level "
+                "RestartRequest/RestartBusiness)"
+            ]
+        )
         + (
             []
             if age_s < RECOVER_IN_PLACE_MAX_AGE_S

@@ -518,12 +518,38 @@ ROWS = {
         "recover-in-place: fault 90 s old (limit 60 s)",
         Recovering,
     ),
-    "L2-device-fault": Row(
+    "L2-chip-fault": Row(
         Running(),
         fault(uce()),
         proc(Strategy.RECOVER_IN_PLACE),
+        (RestartInPlace("worker-1", (3,)),),
+        "recover-in-place (worker-1)",
+        Recovering,
+        rung_is(Rung.RECOVER_IN_PLACE, NOW + 120.0),
+    ),
+    "L2-chip-restart-request": Row(
+        Running(),
+        fault(device(FaultLevel.RESTART_REQUEST, "80C98009")),
+        proc(Strategy.RECOVER_IN_PLACE),
+        (RestartInPlace("worker-1", (3,)),),
+        "recover-in-place (worker-1)",
+        Recovering,
+    ),
+    "L2-chip-too-old": Row(
+        Running(),
+        fault(device(FaultLevel.RESTART_REQUEST, "80C98009"), fault_age_s=60.0),
+        proc(Strategy.RECOVER_IN_PLACE),
         (ReschedulePods(("worker-1",), (), (), 30.0),),
-        "recover-in-place: not every fault is a process exit or exception",
+        "recover-in-place: fault 60 s old (limit 60 s)",
+        Recovering,
+    ),
+    "L2-chip-reset": Row(
+        Running(),
+        fault(device(FaultLevel.RESTART_NPU, "80CB8009")),
+        proc(Strategy.RECOVER_IN_PLACE),
+        (ReschedulePods(("worker-1",), (), (), 30.0),),
+        "recover-in-place: not every fault is a process exit or exception (or a chip fault of "
+        "level RestartRequest/RestartBusiness)",
         Recovering,
     ),
     "L3": Row(
@@ -957,11 +983,11 @@ ROWS = {
         fault(crash(pod="worker-2", ranks=(5,))),
         proc(Strategy.RETRY, Strategy.RECOVER_IN_PLACE, Strategy.RECOVER),
         (
-            RecoverOnSpare("worker-1", (3,), (), ()),
-            RecoverOnSpare("worker-2", (5,), (), ()),
+            RestartInPlace("worker-1", (3,)),
+            RestartInPlace("worker-2", (5,)),
         ),
         "process-exit exit:1 (RestartBusiness) on pod worker-2 node n1 rank 5 during retry: "
-        "recover (worker-1, worker-2)",
+        "recover-in-place (worker-1, worker-2)",
         Recovering,
         lambda s: isinstance(s, Recovering) and len(s.faults) == 2,
     ),

@@ -21,6 +21,7 @@ from unbroken.policy import (
     ReplacementReady,
     RescheduleJob,
     ReschedulePods,
+    RestartInPlace,
     RestartProcesses,
     RetryOnline,
     Rung,
@@ -81,8 +82,11 @@ class Walk:
 def test_every_rung_fails_in_turn_until_the_hardware_cap() -> None:
     walk = Walk(ALL_STRATEGIES)
     assert walk.feed(FaultDetected(UCE, EVERYTHING), T0) == (RetryOnline((3,)),)
-    # recover-in-place is skipped: a memory error is not a software fault
-    assert walk.feed(RecoveryFailed("repair failed", T0 + 10), T0 + 10) == (
+    # recover-in-place takes a memory error of level RestartBusiness younger than 60 s
+    assert walk.feed(RecoveryFailed("repair failed", T0 + 5), T0 + 5) == (
+        RestartInPlace("worker-1", (3,)),
+    )
+    assert walk.feed(RecoveryFailed("restart failed", T0 + 10), T0 + 10) == (
         RecoverOnSpare("worker-1", (3,), (), ()),
     )
     assert isinstance(walk.state, Recovering)
