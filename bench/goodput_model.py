@@ -555,6 +555,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--days", type=float, default=30.0, help="wall time of the job")
     p.add_argument("--seeds", type=int, default=16, help="seeds averaged per point")
     p.add_argument("--seed", type=int, default=1, help="first seed")
+    p.add_argument("--ckpt-save-s", type=float, help="blocking checkpoint save (costs file's)")
+    p.add_argument("--step-time-s", type=float, help="step time at scale (costs file's)")
+    p.add_argument(
+        "--job-restart-s", type=float, help="job restart's at-scale restart time (costs file's)"
+    )
     p.add_argument("--print-costs", action="store_true", help="print the costs used (JSON)")
     p.add_argument(
         "--write-costs", type=Path, metavar="PATH", help="write the costs used (JSON) and stop"
@@ -568,6 +573,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raw = merge_runs(raw, runs)
             costs = costs_from_dict(raw, f"{args.costs} + ledgers")
             print(f"costs from {len(runs.ledgers)} ledger(s): {sorted(runs.phases)}")
+        if args.ckpt_save_s is not None:
+            raw["checkpoint_save_s"] = args.ckpt_save_s
+        if args.step_time_s is not None:
+            raw["step_time_s"] = args.step_time_s
+        if args.job_restart_s is not None:
+            raw["rungs"]["job-restart"].setdefault("at_scale_s", {})["restart"] = args.job_restart_s
+        costs = costs_from_dict(raw, f"{args.costs} with the command's options")
         sizes = [int(s) for s in args.sizes.split(",")]
     except (CostsError, ValueError) as exc:
         print(f"goodput_model: {exc}", file=sys.stderr)

@@ -198,3 +198,22 @@ def test_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "| 1,024 | ckpt-restart |" in out and "| 1,024 | ladder |" in out
     assert gm.main(["--costs", str(tmp_path / "missing.json")]) == 2
     assert "missing.json: cannot read" in capsys.readouterr().err
+
+
+def test_command_reads_runs_and_takes_overrides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "runs" / "run-a"
+    run.mkdir(parents=True)
+    _write_run(run / "ledger.db")
+    costs = tmp_path / "c.json"
+    costs.write_text(json.dumps(_raw()))
+    out_costs = tmp_path / "out.json"
+    argv = ["--costs", str(costs), "--from-runs", str(tmp_path / "runs"), "--ckpt-save-s", "7"]
+    assert gm.main([*argv, "--write-costs", str(out_costs), "--made-by", "a command"]) == 0
+    written = json.loads(out_costs.read_text())
+    assert written["made_by"] == "a command"
+    assert written["checkpoint_save_s"] == 7
+    assert written["rungs"]["recover-in-place"]["measured_s"]["restart"] == pytest.approx(0.7)
+    assert gm.main(["--costs", str(costs), "--from-runs", str(tmp_path / "none")]) == 2
+    assert "none: no ledger.db found" in capsys.readouterr().err
