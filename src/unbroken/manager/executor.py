@@ -216,6 +216,12 @@ class Switch:
         return self.bindings[0].node
 
 
+#: Starts a placed pod's agent (pod, node, devices, generation) and returns its process;
+#: the default starts ``unbroken launch``. The load harness (bench/scale.py) passes one whose
+#: agents are simulated elsewhere and register over the real control channel.
+PodStarter = Callable[[str, str, tuple[int, ...], int], PodProcess]
+
+
 class Executor:
     def __init__(
         self,
@@ -232,8 +238,10 @@ class Executor:
         console: Console,
         commands: CommandQueues,
         clock: Callable[[], float] = time.time,
+        pod_starter: PodStarter | None = None,
     ) -> None:
         self.m = host
+        self.pod_starter = pod_starter
         self.clock = clock
         self.job = job
         self.cl = cluster_layout
@@ -1529,6 +1537,9 @@ class Executor:
 
     def _start_agent(self, pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
         m = self.m
+        if self.pod_starter is not None:
+            m.pods[pod] = self.pod_starter(pod, node, devices, gen)
+            return
         layout = next(p for p in self.job.pods if p.name == pod)
         env = dict(os.environ)
         env.update(layout.env)

@@ -61,7 +61,7 @@ from unbroken.ledger import (
 )
 from unbroken.manager.console import Console
 from unbroken.manager.detector import Detector, Where, diverged
-from unbroken.manager.executor import Executor
+from unbroken.manager.executor import Executor, PodStarter
 from unbroken.manager.incident import Incident
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
 from unbroken.manager.metrics import LedgerCollector, registry_for
@@ -146,6 +146,7 @@ class JobManager:
         options: ManagerOptions | None = None,
         console: Console | None = None,
         clock: Callable[[], float] = time.time,
+        pod_starter: PodStarter | None = None,
     ) -> None:
         #: The wall clock (``time.time``; a component test passes a fake one).
         self.clock = clock
@@ -160,7 +161,7 @@ class JobManager:
         self.codes = CodeTable.load(cluster.code_table)
         self.secret = secrets.token_hex(16)
         self.inbox: queue.Queue[Inbound] = queue.Queue()
-        self.commands = CommandQueues()
+        self.commands = CommandQueues(streams=len(cluster.nodes))
         self.pods: dict[str, PodProcess] = {}
         self.ranks: dict[int, RankView] = {}
         self.generation = 0
@@ -211,6 +212,7 @@ class JobManager:
             console=self.console,
             commands=self.commands,
             clock=clock,
+            pod_starter=pod_starter,
         )
         #: Online stress tests (``unbroken stress-test``).
         self.stress = StressTester(ManagerStressHost(self), job, ledger, self.console)

@@ -42,6 +42,11 @@ class CommandQueues:
     _queues: dict[tuple[str, int], queue.Queue[JsonObj]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     closed: threading.Event = field(default_factory=threading.Event)
+    #: How many agents may hold a command stream at once (one per node of the cluster). The
+    #: server holds a thread per open stream, so its pool is sized from this: a fixed pool of
+    #: 32 let the first 32 agents' streams take every thread, and the 33rd node's hello was
+    #: never answered (found by bench/scale.py).
+    streams: int = 32
 
     def of(self, pod: str, pid: int) -> queue.Queue[JsonObj]:
         with self._lock:
@@ -198,4 +203,6 @@ def build_server(
         streams={COMMANDS: agent_commands, NODE_ORDERS: node_orders},
         host=host,
         port=port,
+        # A thread per open stream (agents' and hosts'), and 32 for unary calls.
+        max_workers=2 * commands.streams + 32,
     )
