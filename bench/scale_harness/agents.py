@@ -1,0 +1,247 @@
+"""Simulated node agents: many node identities multiplexed over a few gRPC channels in one
+asyncio loop, each speaking the agent protocol of :mod:`unbroken.agent.managed` to the real
+control plane: a hello, its ranks' start, a heartbeat of its 8 ranks' records every
+``heartbeat_s`` (the agent's real rate), and a stream of the manager's orders, obeyed as an
+agent would (restart, rejoin, pause, stop). A node fault is its agent falling silent.
+
+The generator's own lag (how late a heartbeat went out against its schedule) is measured, so a
+backlog in the control plane is not mistaken for one in the generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
+from unbroken.protocol.messages import (
+    COMMANDS,
+    AgentHeartbeat,
+    AgentHello,
+    RankProgress,
+    RanksRejoined,
+    RanksStarted,
+    RejoinRanks,
+    Report,
+    RestartRanks,
+    Sender,
+    StopPod,
+    decode_answer,
+    decode_order,
+    encode_report,
+    method_of,
+)
+from unbroken.rpc.channel import _SECRET_KEY, SERVICE
+
+JsonObj = dict[str, Any]
+RANKS = 8
+STEP_S = 1.0  # the simulated ranks' step time
+
+
+def _dumps(obj: JsonObj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> JsonObj:
+    out: JsonObj = json.loads(data)
+    return out
+
+
+@dataclass
+class Stats:
+    beats: int = 0
+    lags: list[float] = field(default_factory=list)  # s late against the schedule
+    errors: int = 0
+    #: (arrival time, op, generation) of every order, by pod.
+    orders: dict[str, list[tuple[float, str, int]]] = field(default_factory=dict)
+
+
+class Fleet:
+    def __init__(self, address: str, secret: str, channels: int, heartbeat_s: float) -> None:
+        self.meta = ((_SECRET_KEY, secret),)
+        self.heartbeat_s = heartbeat_s
+        self.channels = [grpc.aio.insecure_channel(address) for _ in range(channels)]
+        self.stats = Stats()
+        self.agents: dict[str, SimAgent] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.measuring = False
+
+    def channel(self, i: int) -> grpc.aio.Channel:
+        return self.channels[i % len(self.channels)]
+
+    def start(self, pod: str, node_rank: int, pid: int) -> None:
+        old = self.agents.get(pod)
+        if old is not None:
+            old.silence()
+        agent = SimAgent(self, pod, node_rank, pid)
+        self.agents[pod] = agent
+        task = asyncio.get_running_loop().create_task(agent.run())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def watch_lag(self, every_s: float = 0.01) -> None:
+        """The generator's own lag: how late its event loop wakes from a short sleep (a
+        saturated generator wakes late; a slow control plane does not make it)."""
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(every_s)
+            if self.measuring:
+                self.stats.lags.append(max(0.0, time.monotonic() - t - every_s))
+
+    async def close(self) -> None:
+        for a in self.agents.values():
+            a.silence()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for ch in self.channels:
+            await ch.close()
+
+
+class SimAgent:
+    def __init__(self, fleet: Fleet, pod: str, node_rank: int, pid: int) -> None:
+        self.f = fleet
+        self.pod = pod
+        self.node_rank = node_rank
+        self.pid = pid
+        self.ch = fleet.channel(node_rank)
+        self.generation = -1
+        self.gen_start = 0.0
+        self.base_step = 0
+        self.silent = False
+        self.registered = asyncio.Event()
+        self.stream_task: asyncio.Task[None] | None = None
+        self.rank_pids = {node_rank * RANKS + i: self.pid * 16 + i for i in range(RANKS)}
+
+    def silence(self) -> None:
+        """The node is lost: nothing more is sent, the order stream is dropped."""
+        self.silent = True
+        if self.stream_task is not None:
+            self.stream_task.cancel()
+
+    async def send(self, report: Report) -> JsonObj:
+        sender = Sender(
+            pod=self.pod, agent_pid=self.pid, generation=self.generation, at=time.time()
+        )
+        call = self.ch.unary_unary(
+            f"/{SERVICE}/{method_of(report)}",
+            request_serializer=_dumps,
+            response_deserializer=_loads,
+        )
+        try:
+            reply: JsonObj = await call(
+                encode_report(sender, report), metadata=self.f.meta, timeout=30
+            )
+        except grpc.aio.AioRpcError:
+            self.f.stats.errors += 1
+            return {}
+        return reply
+
+    def _started(self, generation: int) -> None:
+        now = time.time()
+        self.base_step = self.committed(now)
+        self.generation = generation
+        self.gen_start = now
+
+    def committed(self, now: float) -> int:
+        if self.generation < 0:
+            return 0
+        return self.base_step + int((now - self.gen_start) / STEP_S)
+
+    def beat(self, now: float) -> AgentHeartbeat:
+        committed = self.committed(now)
+        first = self.gen_start + STEP_S if committed > self.base_step else 0.0
+        rows = []
+        for rank, pid in self.rank_pids.items():
+            rec = HeartbeatRecord(
+                pid=pid,
+                rank=rank,
+                generation=self.generation,
+                phase=Phase.TRAINING,
+                tick=committed,
+                tick_at=now,
+                step=committed + 1,
+                step_at=now,
+                committed=committed,
+                committed_at=now,
+                step_time_s=STEP_S,
+                start_step=self.base_step,
+                started_at=self.gen_start,
+                comm_ready_at=self.gen_start,
+                state_loaded_at=self.gen_start,
+                first_commit_at=first,
+            )
+            rows.append(RankProgress(rank=rank, pid=pid, alive=True, record=rec))
+        return AgentHeartbeat(ranks=tuple(rows))
+
+    async def run(self) -> None:
+        reply = await self.send(AgentHello(pid=self.pid, node_rank=self.node_rank, nproc=RANKS))
+        if not reply:
+            return
+        hello = decode_answer(reply)
+        if not hello.ok:
+            return
+        self.stream_task = asyncio.get_running_loop().create_task(self.orders())
+        self._started(hello.generation)
+        if hello.join is not None:
+            await self.send(
+                RanksRejoined(
+                    pids=self.rank_pids, joined=tuple(self.rank_pids), started_at=self.gen_start
+                )
+            )
+        else:
+            await self.send(RanksStarted(pids=self.rank_pids, started_at=self.gen_start))
+        self.registered.set()
+        period = self.f.heartbeat_s
+        due = time.monotonic() + random.random() * period
+        while not self.silent:
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.silent:
+                return
+            await self.send(self.beat(time.time()))
+            self.f.stats.beats += 1
+            due += period
+            if due < time.monotonic() - period:  # far behind: skip, as an agent's timer would
+                due = time.monotonic()
+
+    async def orders(self) -> None:
+        call = self.ch.unary_stream(
+            f"/{SERVICE}/{COMMANDS}", request_serializer=_dumps, response_deserializer=_loads
+        )
+        log = self.f.stats.orders.setdefault(self.pod, [])
+        try:
+            async for body in call({"pod": self.pod, "pid": self.pid}, metadata=self.f.meta):
+                order = decode_order(body)
+                at = time.time()
+                gen = getattr(order, "generation", -1)
+                log.append((at, type(order).__name__, gen))
+                if self.silent:
+                    return
+                match order:
+                    case RestartRanks(generation=g):
+                        self._started(g)
+                        await self.send(
+                            RanksStarted(pids=self.rank_pids, started_at=self.gen_start)
+                        )
+                    case RejoinRanks(generation=g, replace=replace):
+                        self._started(g)
+                        await self.send(
+                            RanksRejoined(
+                                pids=self.rank_pids, joined=replace, started_at=self.gen_start
+                            )
+                        )
+                    case StopPod():
+                        self.silent = True
+                        return
+                    case _:
+                        pass
+        except grpc.aio.AioRpcError:
+            return
