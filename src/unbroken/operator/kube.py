@@ -441,7 +441,7 @@ class Operator:
                         action.grace_period_s,
                         action.avoid_nodes,
                     )
-                    carry_out(KubePods(self, ns, job_name, attempt), r)
+                    carry_out(KubePods(self, ns, job_name, attempt, action.avoid_nodes), r)
 
     def _maybe_running(self, ns: str, job_name: str) -> None:
         body = self._job(ns, job_name)
@@ -506,19 +506,23 @@ class Operator:
 class KubePods:
     """The Kubernetes side of :class:`unbroken.scheduler.backend.PodBackend` for one job."""
 
-    def __init__(self, op: Operator, ns: str, job_name: str, attempt: int) -> None:
+    def __init__(
+        self, op: Operator, ns: str, job_name: str, attempt: int, lost_nodes: tuple[str, ...]
+    ) -> None:
         self.op, self.ns, self.job_name, self.attempt = op, ns, job_name, attempt
+        self.lost_nodes = lost_nodes
 
     def stop_pods(self, pods: tuple[str, ...], grace_s: float | None) -> None:
         """Mark each pod as being replaced (its deletion event then creates it again rather
-        than counting as a fault) and delete it with the grace period."""
+        than counting as a fault) and delete it with the grace period; at once on a lost node,
+        whose kubelet cannot confirm a graceful stop (the pod would stay terminating)."""
         mark = {"metadata": {"annotations": {REPLACING: str(self.attempt)}}}
         for pod in pods:
             try:
-                self.op.core.patch_namespaced_pod(pod, self.ns, mark)
-                self.op.core.delete_namespaced_pod(
-                    pod, self.ns, grace_period_seconds=int(grace_s or 0)
-                )
+                patched = self.op.core.patch_namespaced_pod(pod, self.ns, mark)
+                node = patched.spec.node_name if patched.spec else None
+                grace = 0 if node in self.lost_nodes else int(grace_s or 0)
+                self.op.core.delete_namespaced_pod(pod, self.ns, grace_period_seconds=grace)
             except ApiException as e:
                 if e.status != 404:  # gone already: start_pods creates it
                     raise

@@ -348,7 +348,12 @@ async def add_node(k8s: Any, node: str, ready: str = "True", **annotations: str)
 
 def test_a_node_not_ready_replaces_its_pod_off_that_node() -> None:
     async def scenario(k8s: Any) -> None:
-        body = seed_job("pod-rescheduling-pytorch")  # a node fault needs no fault-retry-times
+        # A node fault needs no fault-retry-times; the grace period does not apply on a lost
+        # node (its kubelet cannot confirm a graceful stop): the pod is deleted at once.
+        body = seed_job(
+            "pod-rescheduling-pytorch",
+            **{"fault-scheduling": "grace", "grace-over-time": "600"},
+        )
         name, (master, worker) = await running_job(k8s, body)
         await bind(k8s, worker, "node-b")
         await add_node(k8s, "node-a")
@@ -369,6 +374,8 @@ def test_a_node_not_ready_replaces_its_pod_off_that_node() -> None:
         (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
         assert resched["reason"] == "pod-rescheduling"
         assert resched["message"].startswith(f"{worker} lost: node node-b not ready")
+        deletes = [r for r in k8s if r.method == "DELETE" and r.name == worker]
+        assert [r.params.get("gracePeriodSeconds") for r in deletes] == ["0"], deletes
         assert phase_of(k8s, PODS, master) == "Running"
 
     run(scenario)
