@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from unbroken.chaos import throttle
 from unbroken.chaos.schedule import ChaosFault, InjectKind
 from unbroken.devices import clear_device_fault, inject_device_fault, inject_silent_fault
 from unbroken.worker.linkfault import LinkFaultError, reset_links
@@ -71,6 +72,10 @@ class InjectionTarget(Protocol):
         """SIGKILL every process of ``node``; how many."""
         ...
 
+    def node_pids(self, node: str) -> list[int]:
+        """The processes of the job on ``node`` now (agents and ranks)."""
+        ...
+
     def return_node(self, node: str) -> str:
         """``node``, taken out of the pool when it was lost, is back (repaired); raises
         :class:`ValueError` when it is not out of the pool."""
@@ -97,6 +102,8 @@ def due(
 class Injector:
     def __init__(self, target: InjectionTarget) -> None:
         self.t = target
+        #: node -> the cgroup its processes were throttled in (see :meth:`release_throttles`).
+        self.throttled: dict[str, Path] = {}
 
     def request(self, body: Mapping[str, Any]) -> str:
         """Inject what an ``Inject`` request asks for (``unbroken inject``); raises
@@ -117,6 +124,7 @@ class Injector:
             code=body.get("code"),
             clear=bool(body.get("clear")),
             peer=opt_int("peer"),
+            cpu=None if body.get("cpu") is None else float(body["cpu"]),
         )
 
     def fire(self, c: ChaosFault) -> str:
@@ -129,6 +137,7 @@ class Injector:
             device=c.device,
             code=c.code,
             clear=c.clear,
+            cpu=c.cpu,
         )
 
     def inject(
@@ -142,6 +151,7 @@ class Injector:
         code: str | None = None,
         clear: bool = False,
         peer: int | None = None,
+        cpu: float | None = None,
     ) -> str:
         """Inject a real fault from outside the training processes; returns what was done.
 
@@ -163,6 +173,8 @@ class Injector:
             raise ValueError("a stress test is no fault: ask for it with unbroken stress-test")
         if node is None or node not in self.t.nodes:
             raise ValueError(f"node {node!r} does not exist (nodes: {', '.join(self.t.nodes)})")
+        if kind is InjectKind.THROTTLE:
+            return self._throttle(node, None if clear else cpu)
         if kind is InjectKind.NODE and clear:
             return self.t.return_node(node)
         if kind is InjectKind.NODE:
@@ -184,6 +196,27 @@ class Injector:
             raise ValueError("a device fault needs --code")
         inject_device_fault(self.t.sim_dir, node, device, code)
         return f"device fault {code} on {node} device {device}"
+
+    def _throttle(self, node: str, cpu: float | None) -> str:
+        if cpu is None:
+            group = self.throttled.pop(node, None)
+            if group is None:
+                raise ValueError(f"node {node} is not throttled")
+            throttle.release(group)
+            return f"node {node} no longer throttled"
+        pids = self.t.node_pids(node)
+        if not pids:
+            raise ValueError(f"node {node} runs no process of the job now")
+        try:
+            self.throttled[node] = throttle.throttle(node, pids, cpu)
+        except throttle.ThrottleError as exc:
+            raise ValueError(f"cannot throttle node {node}: {exc}") from None
+        return f"node {node} throttled to {cpu:g} of one CPU ({len(pids)} processes)"
+
+    def release_throttles(self) -> None:
+        """Every throttled node runs free again and its cgroup is removed (at the run's end)."""
+        for node in list(self.throttled):
+            throttle.release(self.throttled.pop(node))
 
     def _link(self, rank: int | None, pod: str | None, peer: int | None) -> str:
         if rank is None or pod is not None:

@@ -52,6 +52,7 @@ class InjectKind(StrEnum):
     DEVICE = "device"  # a device health code through the sim provider
     SDC = "sdc"  # silent data corruption: a sim device computes wrong, its health stays good
     STRESS_TEST = "stress-test"  # no fault: an online stress test (unbroken stress-test)
+    THROTTLE = "throttle"  # a node's processes held to ``cpu`` of one CPU (a cgroup quota)
 
 
 class ChaosError(ValueError):
@@ -70,6 +71,7 @@ class ChaosFault:
     at_step: int | None = None
     after_s: float | None = None
     clear: bool = False  # node: the lost node is back; device: the device is healthy again
+    cpu: float | None = None  # throttle: the node's share of one CPU (0.01-1.0)
 
     @property
     def in_rank(self) -> bool:
@@ -87,7 +89,7 @@ _RANK_KINDS = (
     InjectKind.MEMORY,
     InjectKind.LINK,
 )
-_FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s", "clear"}
+_FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s", "clear", "cpu"}
 #: Bounds of the numbers of an entry: a step fits the ledger's int64, a device index the
 #: largest node, and a fault is at most a week into the run.
 MAX_STEP = 2**63 - 1
@@ -243,7 +245,7 @@ def _one(
             raise _Bad("rank", f"{rank} does not exist (the job has ranks 0-{world_size - 1})")
     if pod is not None and pod not in pods:
         raise _Bad("pod", f"{pod!r} does not exist (pods: {', '.join(pods)})")
-    if kind in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC):
+    if kind in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC, InjectKind.THROTTLE):
         if node is None:
             raise _Bad("", f"kind {kind}: 'node' is required")
         if node not in nodes:
@@ -251,8 +253,16 @@ def _one(
     clear = e.get("clear", False)
     if not isinstance(clear, bool):
         raise _Bad("clear", f"{clear!r} is not true or false")
-    if clear and kind not in (InjectKind.NODE, InjectKind.DEVICE):
-        raise _Bad("clear", f"kind {kind}: clear is for node and device entries")
+    if clear and kind not in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.THROTTLE):
+        raise _Bad("clear", f"kind {kind}: clear is for node, device and throttle entries")
+    cpu = e.get("cpu")
+    if cpu is not None:
+        if kind is not InjectKind.THROTTLE:
+            raise _Bad("cpu", f"kind {kind}: cpu is for throttle entries")
+        if isinstance(cpu, bool) or not isinstance(cpu, int | float) or not 0.01 <= cpu <= 1.0:
+            raise _Bad("cpu", f"{cpu!r} is not a share of one CPU (0.01-1.0)")
+    if kind is InjectKind.THROTTLE and (cpu is None) == (not clear):
+        raise _Bad("", "kind throttle: give 'cpu' (a share of one CPU) or 'clear: true', not both")
     if kind is InjectKind.DEVICE and clear and code is not None:
         raise _Bad("", "kind device: give 'code' (a fault) or 'clear: true' (healthy), not both")
     if kind is InjectKind.DEVICE and (device is None or (code is None and not clear)):
@@ -272,4 +282,5 @@ def _one(
         at_step=at_step,
         after_s=None if after is None else float(after),
         clear=clear,
+        cpu=None if cpu is None else float(cpu),
     )

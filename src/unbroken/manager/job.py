@@ -372,6 +372,7 @@ class JobManager:
     def shutdown(self) -> None:
         success = self.outcome is not None and self.outcome.succeeded
         self.executor.stop_all(grace_s=None if not success else 5.0, success=success)
+        self.injector.release_throttles()
         self.commands.closed.set()
         if self.watcher is not None:
             self.watcher.stop()
@@ -941,6 +942,14 @@ class JobManager:
 
     def return_node(self, node: str) -> str:
         return self.executor.return_node(node)
+
+    def node_pids(self, node: str) -> list[int]:
+        return [
+            pid
+            for p in self.pods.values()
+            if p.node == node and p.alive
+            for pid in (p.proc.pid, *p.rank_pids.values())
+        ]
 
     def take_node_down(self, node: str) -> int:
         killed: list[int] = []
