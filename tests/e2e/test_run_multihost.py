@@ -6,9 +6,11 @@ server listens on the root namespace's bridge address, which only the hosts' lin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import JOB, RUN_TIMEOUT_S, Reference, cli_env, digest, wait_for
+from cli_runs import FIXTURES, JOB, RUN_TIMEOUT_S, Reference, cli_env, digest, wait_for
 from netns_hosts import PLANE_IFNAMES, Hosts, hosts
 
 from unbroken.manager.service import CommandQueues, Inbound, NodeRegistry, build_server
@@ -147,13 +149,29 @@ def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     )
 
 
-def test_a_job_across_namespace_hosts_trains_to_the_fault_free_model(
-    tmp_path: Path, run_dir: Path, fault_free: Reference
+def _checkpointed(run_dir: Path) -> bool:
+    ckpt = run_dir / "checkpoints"
+    return ckpt.is_dir() and any(ckpt.iterdir())
+
+
+def _kill_host(h: Hosts, i: int) -> None:
+    """Every process in host i's namespace (its agent, its pods' agents, their ranks), SIGKILL."""
+    pids = subprocess.run(["ip", "netns", "pids", h.ns(i)], capture_output=True, text=True)
+    for pid in pids.stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("fault", ["none", "killed-rank", "lost-host", "downed-link"])
+def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
+    fault: str, tmp_path: Path, run_dir: Path, fault_free: Reference
 ) -> None:
     """``unbroken serve`` on the root namespace's bridge address, a host agent per namespace
-    (two for the pods, one spare): the job trains across them, gloo over the bridge, to the
-    fault-free run's model bit for bit."""
+    (two for the pods, one spare), gloo over the bridge: the job trains to the fault-free run's
+    model bit for bit, through a rank killed (recovered in place), host 1 lost (every process of
+    it killed: the pod moves to the spare host) or host 1's link down for 3 s."""
     token = tmp_path / "token"
+    chaos = ["--chaos", str(FIXTURES / "kill-rank.yaml")] if fault == "killed-rank" else []
     with hosts(3) as h:
         control = f"{h.root_address()}:{_free_port()}"
         serve = subprocess.Popen(
@@ -170,6 +188,7 @@ def test_a_job_across_namespace_hosts_trains_to_the_fault_free_model(
                 "--run-dir",
                 str(run_dir),
                 "--quiet",
+                *chaos,
             ],
             env=cli_env(),
             stdout=subprocess.PIPE,
@@ -183,12 +202,23 @@ def test_a_job_across_namespace_hosts_trains_to_the_fault_free_model(
             for i in range(3):
                 env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0]}
                 agents.append(_join(h, i, control, token, f"node-{i}", env))
+            if fault in ("lost-host", "downed-link"):
+                wait_for(lambda: _checkpointed(run_dir), "a checkpoint", 120.0)
+                if fault == "lost-host":
+                    _kill_host(h, 1)
+                else:
+                    h.set_link(1, up=False)
+                    time.sleep(3.0)
+                    h.set_link(1, up=True)
             out, err = serve.communicate(timeout=RUN_TIMEOUT_S)
-            assert serve.returncode == 0, (out, err)
+            assert serve.returncode == 0, (out, err, [a.poll() for a in agents])
             assert "job e2e-mlp: SUCCEEDED" in out, (out, err)
+            assert ("; 0 fault(s)" in out) == (fault == "none"), out
             assert digest(run_dir) == fault_free.digest
         finally:
             for p in (serve, *agents):
                 if p.poll() is None:
                     p.kill()
                 p.communicate()
+            for i in range(3):
+                _kill_host(h, i)

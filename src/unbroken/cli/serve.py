@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from unbroken.chaos import ChaosError, ChaosFault, load_chaos
 from unbroken.cli.run import _terminate_as_interrupt, build_layout
 from unbroken.cli.rundir import RunDirError, claim_run_dir
 from unbroken.faults import CodeTableError
@@ -39,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"where the control plane listens (default 127.0.0.1:{DEFAULT_PORT})",
     )
     p.add_argument("--token-file", type=Path, default=None, help="default: RUN_DIR/token")
+    p.add_argument("--chaos", type=Path, default=None, help="faults to inject (YAML)")
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<job>-<time>")
     p.add_argument("--agent-timeout", type=float, default=2.0, help="s before a node is lost")
     p.add_argument("--hang-timeout", type=float, default=3.0, help="s of silence that is a hang")
@@ -78,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
         layout = build_layout(job, cluster, Path("."))
     except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
+    nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
+    chaos: tuple[ChaosFault, ...] = ()
+    if args.chaos is not None:
+        try:
+            chaos = load_chaos(args.chaos, layout.world_size, [p.name for p in layout.pods], nodes)
+        except ChaosError as exc:
+            return _fail(str(exc))
     try:
         lock = claim_run_dir(job.name, args.run_dir)
     except RunDirError as exc:
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir = lock.path
         layout = dataclasses.replace(layout, workdir=run_dir)
         cl = ClusterLayout(
-            nodes=tuple(f"node-{i}" for i in range(cluster.nodes)),
+            nodes=nodes,
             devices_per_node=cluster.devices_per_node,
             list_watch_period_s=cluster.list_watch_period_s,
             auto_stowing=cluster.auto_stowing,
@@ -101,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         console = Console(quiet=args.quiet)
         try:
             ledger = Ledger(run_dir / "ledger.db")
-            manager = JobManager(layout, cl, run_dir, ledger, (), opts, console)
+            manager = JobManager(layout, cl, run_dir, ledger, chaos, opts, console)
             manager.listen = listen
             manager.executor.remote_nodes = NodeRegistry()
             token = args.token_file or run_dir / "token"
