@@ -308,7 +308,7 @@ class Operator:
         ready = next((c for c in conditions if c.get("type") == "Ready"), None)
         if ready is not None and ready.get("status") != "True":
             why = ready.get("reason") or f"Ready {ready.get('status')}"
-            for ns, job_name, pod in self._pods_on(name):
+            for ns, job_name, pod, _uid in self._pods_on(name):
                 self._lost(ns, job_name, PodLost(pod, Loss.NODE_NOT_READY, why, name))
         value = ((node.get("metadata") or {}).get("annotations") or {}).get(DEVICE_HEALTH)
         try:
@@ -321,16 +321,16 @@ class Operator:
         self.health[name] = health
         if not new:
             return
-        by_job: dict[tuple[str, str], list[str]] = {}
-        for ns, job_name, pod in self._pods_on(name):
-            by_job.setdefault((ns, job_name), []).append(pod)
         now = time.time()
-        for (ns, job_name), pods in by_job.items():
-            for fault in device_faults(name, new, tuple(pods), self.codes, now):
-                self._decide(ns, job_name, fault)
+        for ns, job_name, pod, uid in self._pods_on(name):
+            for fault in device_faults(name, new, (pod,), self.codes, now):
+                # Acted on once per pod instance, recorded in the job's status: an operator
+                # restarting does not act again on an annotation it has handled.
+                once = f"{uid}/{fault.device}/{fault.code}" if uid else None
+                self._decide(ns, job_name, fault, once)
 
-    def _pods_on(self, node: str) -> list[tuple[str, str, str]]:
-        """(namespace, job, pod) of the jobs' pods bound to ``node``."""
+    def _pods_on(self, node: str) -> list[tuple[str, str, str, str]]:
+        """(namespace, job, pod, uid) of the jobs' pods bound to ``node``."""
         pods = self.core.list_pod_for_all_namespaces(
             label_selector="job-name", field_selector=f"spec.nodeName={node}"
         ).items
@@ -339,7 +339,7 @@ class Operator:
             meta = p.metadata.to_dict() if p.metadata else {}
             owner = _job_owner({"ownerReferences": meta.get("owner_references") or []})
             if owner is not None and (p.spec is None or p.spec.node_name == node):
-                out.append((meta["namespace"], owner, meta["name"]))
+                out.append((meta["namespace"], owner, meta["name"], meta.get("uid") or ""))
         return out
 
     def _job(self, ns: str, name: str) -> dict[str, Any] | None:
@@ -387,7 +387,7 @@ class Operator:
             return
         self._decide(ns, job_name, pod_fault(lost, self.codes, time.time()))
 
-    def _decide(self, ns: str, job_name: str, fault: Fault) -> None:
+    def _decide(self, ns: str, job_name: str, fault: Fault, once: str | None = None) -> None:
         with self.lock:
             body = self._job(ns, job_name)
             if body is None:
@@ -399,6 +399,11 @@ class Operator:
             names = tuple(pod.name for pod in job_plan(job).pods)
             if fault.pod not in names:
                 return
+            handled = list(status.get("deviceFaults") or [])
+            if once is not None:
+                if once in handled:
+                    return
+                handled.append(once)
             key = (ns, job_name)
             state = self.states.get(key) or state_from_status(status)
             avoided = tuple(status.get("avoidNodes") or ())
@@ -409,7 +414,7 @@ class Operator:
             match out.action:
                 case None:
                     log.info("%s/%s: %s", ns, job_name, out.reason)
-                    self._patch_status(ns, job_name, {"budgets": budgets})
+                    self._patch_status(ns, job_name, {"budgets": budgets, "deviceFaults": handled})
                 case GiveUp(reason=reason, message=message):
                     self._status(
                         ns,
@@ -418,6 +423,7 @@ class Operator:
                         conditions,
                         condition("Failed", reason, message),
                         budgets=budgets,
+                        deviceFaults=handled,
                     )
                 case ReplacePods() as action:
                     attempt = int(status.get("reschedules", 0)) + 1
@@ -433,6 +439,7 @@ class Operator:
                         condition("Rescheduled", action.level.value, message),
                         reschedules=attempt,
                         budgets=budgets,
+                        deviceFaults=handled,
                         avoidNodes=list(action.avoid_nodes),
                     )
                     r = Replacement(

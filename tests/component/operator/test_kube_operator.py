@@ -386,6 +386,8 @@ def test_a_device_fault_in_the_node_annotation_reschedules_the_job() -> None:
         body = seed_job("job-rescheduling")
         name, pods = await running_job(k8s, body)
         await bind(k8s, pods[0], "node-a")
+        # A real API server gives each pod a uid; kmock does not.
+        await patch(k8s, f"/api/v1/namespaces/{NS}/pods/{pods[0]}", {"metadata": {"uid": "u0"}})
         # 80E01801: the seed's HBM uncorrectable error, a stopping hardware fault.
         await add_node(k8s, "node-a", **{DEVICE_HEALTH: '{"3": "80E01801"}'})
         for pod in pods:
@@ -399,5 +401,7 @@ def test_a_device_fault_in_the_node_annotation_reschedules_the_job() -> None:
         assert resched["reason"] == "job-rescheduling"
         assert "device 3 80E01801" in resched["message"]
         assert job["status"]["budgets"]["hardwareReschedules"] == 1
+        # Recorded per pod instance: an operator restarting does not act on it again.
+        assert job["status"]["deviceFaults"] == ["u0/3/80E01801"]
 
     run(scenario)
