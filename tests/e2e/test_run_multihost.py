@@ -18,7 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import FIXTURES, JOB, RUN_TIMEOUT_S, Reference, cli_env, digest, wait_for
+from cli_runs import (
+    FIXTURES,
+    JOB,
+    RUN_TIMEOUT_S,
+    Reference,
+    cli_env,
+    digest,
+    events,
+    of_kind,
+    wait_for,
+)
 from netns_hosts import PLANE_IFNAMES, Hosts, hosts
 
 from unbroken.manager.service import CommandQueues, Inbound, NodeRegistry, build_server
@@ -215,6 +225,9 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
             assert "job e2e-mlp: SUCCEEDED" in out, (out, err)
             assert ("; 0 fault(s)" in out) == (fault == "none"), out
             assert digest(run_dir) == fault_free.digest
+            if fault == "lost-host":  # host 1's pod went to the spare host, node-2
+                placed = [(e["pod"], e["node"]) for e in of_kind(events(run_dir), "PodPlaced")]
+                assert len(placed) > 2 and placed[-1][1] == "node-2", placed
         finally:
             for p in (serve, *agents):
                 if p.poll() is None:
