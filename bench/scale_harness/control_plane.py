@@ -145,7 +145,15 @@ def main() -> int:
 
     threading.Thread(target=watch, daemon=True).start()
     threading.Thread(target=stdin, daemon=True).start()
-    out = m.run()
+    profile = os.environ.get("UNBROKEN_SCALE_PROFILE")  # a file for cProfile's statistics
+    if profile:
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            out = m.run()
+        prof.dump_stats(profile)
+    else:
+        out = m.run()
     emit({"done": out.reason, "faults": out.faults, "recoveries": out.recoveries})
     return 0
 

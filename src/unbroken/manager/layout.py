@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from unbroken.devices.sim import RESET_S_DEFAULT
@@ -45,15 +46,28 @@ class JobLayout:
     def nproc_per_node(self) -> int:
         return self.pods[0].nproc
 
+    @cached_property
+    def _by_name(self) -> dict[str, PodLayout]:
+        # An index, not a scan per call: the world's ranks are listed per pod on every tick
+        # (unbroken.manager.elastic), which a scan made quadratic in the pods.
+        return {p.name: p for p in self.pods}
+
+    @cached_property
+    def _by_rank(self) -> dict[int, str]:
+        return {
+            r: p.name
+            for p in self.pods
+            for r in range(p.node_rank * p.nproc, (p.node_rank + 1) * p.nproc)
+        }
+
     def ranks_of(self, pod: str) -> tuple[int, ...]:
-        p = next(p for p in self.pods if p.name == pod)
+        p = self._by_name.get(pod)
+        if p is None:
+            raise ValueError(f"no pod {pod!r} in job {self.job_id}")
         return tuple(range(p.node_rank * p.nproc, (p.node_rank + 1) * p.nproc))
 
     def pod_of_rank(self, rank: int) -> str | None:
-        for p in self.pods:
-            if p.node_rank * p.nproc <= rank < (p.node_rank + 1) * p.nproc:
-                return p.name
-        return None
+        return self._by_rank.get(rank)
 
 
 @dataclass(frozen=True)
