@@ -235,3 +235,37 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
                 p.communicate()
             for i in range(3):
                 _kill_host(h, i)
+
+
+@pytest.mark.parametrize(
+    ("listen", "why"),
+    [
+        ("nowhere", "--listen 'nowhere': expected ADDR:PORT with a port from 1 to 65535"),
+        ("192.0.2.1:29400", "cannot open the rendezvous store on 192.0.2.1:0"),
+    ],
+)
+def test_serve_where_it_cannot_listen_says_so_in_one_line(
+    listen: str, why: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unbroken",
+            "serve",
+            str(JOB),
+            "--listen",
+            listen,
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"unbroken serve: {why}") and done.stderr.count("\n") == 1, (
+        done.stderr
+    )

@@ -24,6 +24,7 @@ from unbroken.faults import CodeTableError
 from unbroken.ledger import Ledger, LedgerError
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, ManagerOptions
+from unbroken.rpc import RpcError
 from unbroken.spec import HotReset, SpecError, load_cluster, load_job
 
 DEFAULT_PORT = 29400
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             outcome = manager.run()
-        except (ManagerError, CodeTableError, OSError) as exc:
+        except (ManagerError, CodeTableError, OSError, RpcError) as exc:
             return _fail(str(exc))
         except KeyboardInterrupt:
             return _fail(f"{stopped_by()}; every process of the run was stopped")

@@ -275,7 +275,7 @@ class JobManager:
         self.console.line(
             f"job {self.job.job_id}: {len(self.job.pods)} pods x {self.job.nproc_per_node} ranks "
             f"on {len(self.cl.nodes)} nodes; control plane {self.server.address}, "
-            f"store 127.0.0.1:{self.master_port}"
+            f"store {self.listen[0]}:{self.master_port}"
         )
         self.executor.place_and_start(tuple(p.name for p in self.job.pods), prefer={})
         if self.outcome is None and not self.pods:
@@ -313,7 +313,7 @@ class JobManager:
             store = self.host_store(port)
         except Exception as exc:
             raise ManagerError(
-                f"cannot open the rendezvous store on 127.0.0.1:{port}"
+                f"cannot open the rendezvous store on {self.listen[0]}:{port}"
                 f"{' (--master_port of the job: is the port in use?)' if port else ''}: {exc}"
             ) from None
         let_store_go(self.store)
