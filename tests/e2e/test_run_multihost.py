@@ -172,7 +172,7 @@ def _kill_host(h: Hosts, i: int) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-@pytest.mark.parametrize("fault", ["none", "killed-rank", "lost-host", "downed-link"])
+@pytest.mark.parametrize("fault", ["killed-rank", "lost-host", "downed-link"])
 def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
     fault: str, tmp_path: Path, run_dir: Path, fault_free: Reference
 ) -> None:
@@ -223,7 +223,7 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
             out, err = serve.communicate(timeout=RUN_TIMEOUT_S)
             assert serve.returncode == 0, (out, err, [a.poll() for a in agents])
             assert "job e2e-mlp: SUCCEEDED" in out, (out, err)
-            assert ("; 0 fault(s)" in out) == (fault == "none"), out
+            assert "; 0 fault(s)" not in out, out
             assert digest(run_dir) == fault_free.digest
             if fault == "lost-host":  # host 1's pod went to the spare host, node-2
                 placed = [(e["pod"], e["node"]) for e in of_kind(events(run_dir), "PodPlaced")]
