@@ -59,6 +59,16 @@ CONFIGS: tuple[Config, ...] = (
         cluster="cluster-fast-watch.yaml",
     ),
     Config(
+        "unbroken-straggler",
+        "Unbroken hot switch (straggler: node at 5% of one CPU)",
+        "unbroken",
+        "straggler.yaml",
+        fault="throttle",
+        cluster="cluster-fast-watch.yaml",
+        script_args=(f"--virtual-ranks={WORLD}",),
+        baseline="unbroken-vranks",
+    ),
+    Config(
         "unbroken-stress",
         "Unbroken stress test (SDC device)",
         "unbroken",

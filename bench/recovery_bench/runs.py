@@ -102,6 +102,8 @@ def launch_unbroken(
         if config.fault == "subhealth":  # rank 3's device: device 1 of node-1
             fault = {"kind": "device", "node": "node-1", "device": 1, "code": SUB_HEALTH_CODE}
             faults = [{**fault, "at_step": s.kill_step}]
+        if config.fault == "throttle":  # rank 3's node held to 5% of one CPU: a straggler
+            faults = [{"kind": "throttle", "node": "node-1", "cpu": 0.05, "at_step": s.kill_step}]
         if config.fault == "node":  # rank 3's node is lost, then back (no spare node)
             lost = {"kind": "node", "node": "node-1", "at_step": s.kill_step}
             faults = [lost, {**lost, "at_step": s.clear_step, "clear": True}]
