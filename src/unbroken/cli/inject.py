@@ -6,7 +6,8 @@ state in its next step), ``link`` (the kernel resets the rank's TCP links to its
 ``--peer P`` only the one to rank P), ``node`` (every process of a node dies at once),
 ``device`` (a device fault code through the ``sim`` health provider), ``sdc`` (silent data
 corruption: a ``sim`` device computes wrong while its health stays good; only an online stress
-test, ``unbroken stress-test``, finds it).
+test, ``unbroken stress-test``, finds it), ``throttle`` (a node's processes held to ``--cpu``
+of one CPU by a cgroup quota, a straggler; ``--clear`` releases it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--peer", type=int, default=None, help="link: only the link to this rank")
     p.add_argument("--device", type=int, default=None)
     p.add_argument("--code", default=None, help="device fault code, e.g. 80E3A201")
+    p.add_argument("--cpu", type=float, default=None, help="throttle: share of one CPU (0.01-1)")
     p.add_argument(
         "--clear",
         action="store_true",
@@ -44,7 +46,13 @@ def run(args: argparse.Namespace) -> int:
     if kind is InjectKind.SDC and (args.device is None or args.node is None):
         print("unbroken inject: sdc needs --node and --device", file=sys.stderr)
         return 2
-    if kind in (InjectKind.NODE, InjectKind.DEVICE) and args.node is None:
+    if kind is InjectKind.THROTTLE and (args.cpu is None) != args.clear:
+        print("unbroken inject: throttle needs one of --cpu or --clear", file=sys.stderr)
+        return 2
+    if args.cpu is not None and kind is not InjectKind.THROTTLE:
+        print(f"unbroken inject: --cpu is for throttle, not {kind}", file=sys.stderr)
+        return 2
+    if kind in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.THROTTLE) and args.node is None:
         print(f"unbroken inject: {kind} needs --node", file=sys.stderr)
         return 2
     if kind is InjectKind.DEVICE and (args.device is None or (args.code is None) != args.clear):
@@ -52,11 +60,15 @@ def run(args: argparse.Namespace) -> int:
             "unbroken inject: device needs --device and one of --code or --clear", file=sys.stderr
         )
         return 2
-    if kind not in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC) and args.node is not None:
+    node_kinds = (InjectKind.NODE, InjectKind.DEVICE, InjectKind.SDC, InjectKind.THROTTLE)
+    if kind not in node_kinds and args.node is not None:
         print(f"unbroken inject: {kind} targets --rank or --pod", file=sys.stderr)
         return 2
-    if args.clear and kind not in (InjectKind.NODE, InjectKind.DEVICE):
-        print(f"unbroken inject: --clear is for node and device, not {kind}", file=sys.stderr)
+    if args.clear and kind not in (InjectKind.NODE, InjectKind.DEVICE, InjectKind.THROTTLE):
+        print(
+            f"unbroken inject: --clear is for node, device and throttle, not {kind}",
+            file=sys.stderr,
+        )
         return 2
     if kind is InjectKind.LINK and args.rank is None:
         print("unbroken inject: link needs --rank (and optionally --peer)", file=sys.stderr)
@@ -78,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         "code": args.code,
         "clear": args.clear,
         "peer": args.peer,
+        "cpu": args.cpu,
     }
     reply = call_run("inject", run_dir, "Inject", body)
     if reply is None:
