@@ -224,6 +224,10 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
             assert serve.returncode == 0, (out, err, [a.poll() for a in agents])
             assert "job e2e-mlp: SUCCEEDED" in out, (out, err)
             assert "; 0 fault(s)" not in out, out
+            # The control plane's end ends the hosts' agents (the lost host's was killed).
+            for i, a in enumerate(agents):
+                a.wait(timeout=30)
+                assert a.returncode == (-signal.SIGKILL if fault == "lost-host" and i == 1 else 0)
             assert digest(run_dir) == fault_free.digest
             if fault == "lost-host":  # host 1's pod went to the spare host, node-2
                 placed = [(e["pod"], e["node"]) for e in of_kind(events(run_dir), "PodPlaced")]
