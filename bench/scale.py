@@ -206,7 +206,10 @@ async def one_run(
     if not cp.hello:
         raise SystemExit(f"the control plane for {n} nodes did not start (exit {cp.proc.poll()})")
     pid = int(cp.hello["pid"])
-    fleet = Fleet(cp.hello["address"], cp.hello["secret"], channels, heartbeat_s=0.1)
+    # An HTTP/2 connection carries at most 100 concurrent streams by default, and every agent
+    # holds one open (its orders): 50 agents a connection leave room for their calls.
+    conns = channels or max(8, math.ceil(n / 50))
+    fleet = Fleet(cp.hello["address"], cp.hello["secret"], conns, heartbeat_s=0.1)
     pumper = asyncio.get_running_loop().create_task(pump(cp, fleet, rank_of))
     lag = asyncio.get_running_loop().create_task(fleet.watch_lag())
     try:
@@ -366,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", type=int, default=4, help="single-node faults per N (then a rack)")
     ap.add_argument("--window", type=float, default=5.0, help="steady-state window, s")
     ap.add_argument("--gap", type=float, default=2.0, help="mean time between faults, s")
-    ap.add_argument("--channels", type=int, default=8, help="gRPC channels the agents share")
+    ap.add_argument(
+        "--channels", type=int, default=0, help="gRPC channels the agents share (0: one per 50)"
+    )
     a = ap.parse_args(argv)
     try:
         ns = [int(x) for x in a.nodes.split(",")]

@@ -382,7 +382,7 @@ class JobManager:
         success = self.outcome is not None and self.outcome.succeeded
         self.executor.stop_all(grace_s=None if not success else 5.0, success=success)
         self.injector.release_throttles()
-        self.commands.closed.set()
+        self.commands.close()
         if self.watcher is not None:
             self.watcher.stop()
         if self.server is not None:
