@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from unbroken.worker.sharding import Sharding
+from unbroken.worker.sharding import Layout, Sharding
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.trainstate import TrainState
 
@@ -201,6 +201,10 @@ def repair(
     me = local_state(state, committed, suspect=suspect, fresh=fresh)
     states = _gather(me, None)
     sharding = state.sharding
+    if sharding.layout is Layout.REPLICATED:
+        # Every rank holds the whole state at any group size (an elastic job's group shrinks
+        # and grows under a session made at full size).
+        sharding = Sharding(Layout.REPLICATED, (0,) * len(states), frozenset())
     plan = plan_repair(states, sharding, source=source, step=step)
     sources = {holders: src_rank for holders, (src_rank, _) in plan.items()}
     receivers_of = {holders: receivers for holders, (_, receivers) in plan.items()}
