@@ -186,15 +186,21 @@ def test_an_unregistered_scheduler_is_caught_by_the_agreement_check(
     _, run_dir = run_faulted(tmp_path, job, "{kind: kill, rank: 3, at_step: 25}")
     evs = events(run_dir)
     faults = of_kind(evs, "FaultDetected")
-    assert [f["code"] for f in faults] == ["signal:SIGKILL", "ReplicasDiverged"], faults
+    # Every rank's check finds the replicas apart; each rank's exit may be read as a fault of
+    # its own, joined to the same incident, or as a rank the incident stopped.
+    codes = [f["code"] for f in faults]
+    assert codes[0] == "signal:SIGKILL" and len(codes) >= 2, faults
+    assert set(codes[1:]) == {"ReplicasDiverged"}, faults
     diverged = faults[1]
     assert (
         "replicas diverged at step 32: rank(s) 3 differ from rank 0 in model, optimizer"
         in (diverged["detail"])
     ), diverged
-    (decision,) = of_kind(evs, "DecisionMade", fault_id=diverged["fault_id"])
-    assert decision["strategy"] == "process-restart", decision
-    assert "process-level rungs off: replicas diverged" in decision["reason"], decision
+    decisions = of_kind(evs, "DecisionMade", fault_id=diverged["fault_id"])
+    assert decisions, evs
+    for decision in decisions:
+        assert decision["strategy"] == "process-restart", decision
+        assert "process-level rungs off: replicas diverged" in decision["reason"], decision
     after = evs[[e["id"] for e in evs].index(faults[1]["id"]) :]
     loaded = of_kind(after, "StateLoaded")
     assert loaded and all(e["source"] == "checkpoint" for e in loaded), loaded
