@@ -354,17 +354,23 @@ class JobManager:
             self.start()
             next_tick = 0.0
             while self.outcome is None:
+                urgent = False
                 try:
                     msg = self.inbox.get(timeout=TICK_S)
                     self._handle_one(msg)
+                    urgent = msg.method != HEARTBEAT
                     while self.outcome is None:
-                        self._handle_one(self.inbox.get_nowait())
+                        msg = self.inbox.get_nowait()
+                        self._handle_one(msg)
+                        urgent = urgent or msg.method != HEARTBEAT
                 except queue.Empty:
                     pass
-                # At most one tick per TICK_S: a tick scans every pod and rank, and ticking
-                # after every message made the scans grow with N x the message rate, N^2.
+                # Heartbeats tick at most once per TICK_S: a tick scans every pod and rank, and
+                # ticking after every heartbeat made the scans grow with N x the rate, N^2. Any
+                # other message (a report, a command) is acted on at once, so a rank's exit is
+                # decided before its peers' exits that follow it are read as faults of their own.
                 now = self.clock()
-                if self.outcome is None and now >= next_tick:
+                if self.outcome is None and (urgent or now >= next_tick):
                     next_tick = now + TICK_S
                     self._tick(now)
         except LedgerError as exc:
