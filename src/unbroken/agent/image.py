@@ -64,6 +64,8 @@ class OwnChild:
     """A child of this process started by ``fork`` (not :mod:`subprocess`), with the part of
     ``Popen``'s interface the agents and the manager use."""
 
+    poll_s = 0.005  # how often wait() polls for the exit
+
     def __init__(self, pid: int, stdin: IO[bytes] | None = None) -> None:
         self.pid = pid
         self.stdin = stdin
@@ -85,7 +87,7 @@ class OwnChild:
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(0.005)
+            time.sleep(self.poll_s)
         return code
 
     def send_signal(self, sig: int) -> None:

@@ -21,7 +21,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +169,8 @@ class RemoteChild(OwnChild):
     """A pod's agent process on a joined host, with the part of ``Popen``'s interface the
     control plane uses: started, signalled and reaped through the host's agent."""
 
+    poll_s = 0.02  # an exit is known when the host's agent reports it
+
     def __init__(
         self,
         registry: NodeRegistry,
@@ -205,14 +206,6 @@ class RemoteChild(OwnChild):
         if self.returncode is None:
             self.returncode = self._registry.exit_code(self.node, self.pid)
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(0.02)
-        return code
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
