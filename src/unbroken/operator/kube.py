@@ -73,6 +73,8 @@ GROUP = "mindxdl.gitee.com"
 VERSION = "v1"
 PLURAL = "ascendjobs"
 REPLACING = "unbroken.dev/replacing"
+#: kopf's liveness endpoint, on 127.0.0.1 (deploy/kubernetes/30-operator.yaml probes it).
+HEALTH_PORT = 8080
 _FOREIGN_ANNOTATIONS = ("kopf.zalando.org/", "kubectl.kubernetes.io/", "unbroken.dev/")
 
 
@@ -571,7 +573,9 @@ def main() -> None:  # pragma: no cover - runs against a real cluster
         registry=registry,
         clusterwide=True,
         standalone=True,
-        liveness_endpoint="http://0.0.0.0:8080/healthz",
+        # Loopback only: the pod's liveness probe runs inside the pod (an exec probe), so
+        # nothing of the operator listens on the pod network.
+        liveness_endpoint=f"http://127.0.0.1:{HEALTH_PORT}/healthz",
     )
 
 

@@ -125,3 +125,16 @@ def test_the_deployment_runs_a_module_that_exists() -> None:
     module = container["command"][2]
     assert module == "unbroken.operator.kube"
     assert importlib.util.find_spec(module) is not None
+
+
+def test_the_operator_listens_on_no_pod_port_and_probes_its_loopback() -> None:
+    """Nothing of the operator is reachable on the pod network: no container port, and the
+    liveness probe runs in the container against the endpoint kopf binds to 127.0.0.1."""
+    kube = pytest.importorskip("unbroken.operator.kube")
+    (deployment,) = [d for _, d in _manifests() if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "ports" not in container
+    probe = container["livenessProbe"]
+    assert "httpGet" not in probe and "tcpSocket" not in probe
+    command = " ".join(probe["exec"]["command"])
+    assert f"http://127.0.0.1:{kube.HEALTH_PORT}/healthz" in command
