@@ -147,6 +147,7 @@ from unbroken.scheduler import (
     should_escalate,
     start_pending,
 )
+from unbroken.scheduler import backend as pod_backend
 from unbroken.spec.knobs import Strategy
 
 
@@ -446,13 +447,13 @@ class Executor:
                 self._deprioritise_node(node, reason)
             case RestartProcesses():
                 self._restart_in_place()
-            case ReschedulePods(pods=pods, isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
+            case ReschedulePods(isolate_devices=devs, isolate_nodes=nodes):
                 self._isolate_all(devs, nodes)
-                self._reschedule(tuple(pods), g)
-            case RescheduleJob(isolate_devices=devs, isolate_nodes=nodes, grace_s=g):
+                self._reschedule(cmd)
+            case RescheduleJob(isolate_devices=devs, isolate_nodes=nodes):
                 self._isolate_all(devs, nodes)
                 self.elastic = self.elastic.abandoned()  # the whole job starts again
-                self._reschedule(tuple(p.name for p in self.job.pods), g)
+                self._reschedule(cmd)
             case FailJob(reason=reason):
                 self.m.finish(False, reason)
             case RetryOnline(ranks=ranks):
@@ -1384,11 +1385,12 @@ class Executor:
             self.image.close()
             self.image = None
 
-    def _reschedule(self, pods: tuple[str, ...], grace_s: float | None) -> None:
-        self._stop(pods, grace_s)
-        self.unplaced = None
-        self.place_and_start(pods, prefer=self.warm_nodes(pods))
-        self._restart_others(pods)
+    def _reschedule(self, cmd: ReschedulePods | RescheduleJob) -> None:
+        """Pod- or job-level rescheduling, read and ordered by the code the operator uses on
+        Kubernetes (:mod:`unbroken.scheduler.backend`), carried out by the local engine."""
+        r = pod_backend.replacement([cmd], tuple(p.name for p in self.job.pods), ())
+        assert isinstance(r, pod_backend.Replacement)
+        pod_backend.carry_out(LocalPods(self), r)
 
     def _restart_others(self, placed: tuple[str, ...]) -> None:
         """Once ``placed`` run in the new generation, the other pods restart their ranks in
@@ -1618,6 +1620,28 @@ class Executor:
             cwd=self.job.workdir,
             image=self.image,
         )
+
+
+class LocalPods:
+    """The local engine's side of :class:`unbroken.scheduler.backend.PodBackend`: pods are agent
+    processes on the embedded cluster's nodes."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.x = executor
+
+    def stop_pods(self, pods: tuple[str, ...], grace_s: float | None) -> None:
+        """Ask each pod's agent to stop (``grace_s`` after SIGTERM for its ranks), kill what
+        is left, free its devices."""
+        self.x._stop(pods, grace_s)
+
+    def start_pods(self, pods: tuple[str, ...], avoid_nodes: tuple[str, ...]) -> None:
+        """Place the pods (a warm spare agent's node first) and start their agents; the other
+        pods' ranks restart in place into the new generation. The isolated nodes are in the
+        cluster state the placement reads, so ``avoid_nodes`` adds nothing here."""
+        x = self.x
+        x.unplaced = None
+        x.place_and_start(pods, prefer=x.warm_nodes(pods))
+        x._restart_others(pods)
 
 
 def _sub_health_answered(before: JobState, event: PolicyEvent) -> bool:
