@@ -15,11 +15,17 @@ pytestmark = pytest.mark.component
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
-def test_a_busy_process_is_throttled_and_released() -> None:
+def test_a_busy_process_is_throttled_and_released_to_the_cgroup_it_came_from() -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    group = None
+    tag = uuid.uuid4().hex[:8]
+    origin = CPU_ROOT / f"unbroken-test-origin-{tag}"
+    origin.mkdir()
+    held = None
     try:
-        group = throttle(f"test-{uuid.uuid4().hex[:8]}", [busy.pid, 2**22 + 7], 0.05)
+        (origin / "cgroup.procs").write_text(f"{busy.pid}\n")
+        held = throttle(f"test-{tag}", [busy.pid, 2**22 + 7], 0.05)
+        group = held.group
+        assert held.origins == {busy.pid: origin}
         assert (group / "cpu.cfs_quota_us").read_text().strip() == "5000"
         assert (group / "cgroup.procs").read_text().split() == [str(busy.pid)]
         # The kernel held it back at least once (it may wait for a core on a loaded machine).
@@ -32,14 +38,15 @@ def test_a_busy_process_is_throttled_and_released() -> None:
                 break
             time.sleep(0.1)
         assert int(stat["nr_throttled"]) > 0, stat
-        release(group)
+        release(held)
         assert not group.exists()
-        assert str(busy.pid) in (CPU_ROOT / "cgroup.procs").read_text().split()
+        assert (origin / "cgroup.procs").read_text().split() == [str(busy.pid)]
     finally:
         busy.kill()
         busy.wait()
-        if group is not None:
-            release(group)
+        if held is not None:
+            release(held)
+        origin.rmdir()
 
 
 def test_a_share_out_of_range_is_refused() -> None:
@@ -70,7 +77,7 @@ def test_a_throttle_entry_holds_the_nodes_processes_until_released() -> None:
     try:
         said = injector.fire(ChaosFault(0, InjectKind.THROTTLE, node="node-1", cpu=0.2))
         assert said == "node node-1 throttled to 0.2 of one CPU (1 processes)"
-        group = injector.throttled["node-1"]
+        group = injector.throttled["node-1"].group
         assert (group / "cgroup.procs").read_text().split() == [str(busy.pid)]
         with pytest.raises(ValueError, match="node node-0 runs no process of the job now"):
             injector.fire(ChaosFault(1, InjectKind.THROTTLE, node="node-0", cpu=0.2))

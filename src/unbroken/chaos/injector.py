@@ -103,7 +103,7 @@ class Injector:
     def __init__(self, target: InjectionTarget) -> None:
         self.t = target
         #: node -> the cgroup its processes were throttled in (see :meth:`release_throttles`).
-        self.throttled: dict[str, Path] = {}
+        self.throttled: dict[str, throttle.Throttled] = {}
 
     def request(self, body: Mapping[str, Any]) -> str:
         """Inject what an ``Inject`` request asks for (``unbroken inject``); raises
@@ -199,10 +199,10 @@ class Injector:
 
     def _throttle(self, node: str, cpu: float | None) -> str:
         if cpu is None:
-            group = self.throttled.pop(node, None)
-            if group is None:
+            held = self.throttled.pop(node, None)
+            if held is None:
                 raise ValueError(f"node {node} is not throttled")
-            throttle.release(group)
+            throttle.release(held)
             return f"node {node} no longer throttled"
         pids = self.t.node_pids(node)
         if not pids:
