@@ -1,4 +1,4 @@
-"""``unbroken run`` with a straggler: 2 pods x 2 ranks of examples/train_elastic.py with
+"""``unbroken run`` with a straggler: 2 pods x 2 ranks of examples/train_mlp.py (DDP) with
 ``subHealthyStrategy: hotSwitch`` and a spare node. node-1 is held to 5% of one CPU (a cgroup
 quota, the chaos file's ``throttle``) from step 10: its ranks' compute times fall behind their
 peers', the node is a straggler (a sub-health fault), and its pod is hot-switched to the spare

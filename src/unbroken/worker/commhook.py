@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 
 import torch
 import torch.distributed as dist
@@ -95,6 +96,10 @@ class GradSync:
         #: With op retry: the hook's own gradient group (see :mod:`unbroken.worker.opretry`).
         self.own: ProcessGroupGloo | None = None
         self.step = -1
+        #: When backward handed this step's last bucket (``time.monotonic()``; 0.0: not yet):
+        #: the rank's own compute of the step ends there, and what follows is waiting for its
+        #: peers' gradients. A straggler's comes late (:mod:`unbroken.policy.straggler`).
+        self.backward_done_at = 0.0
         self._reset_round()
 
     @classmethod
@@ -177,6 +182,7 @@ class GradSync:
         """Forget the previous step's failure and any round a raised exception cut short."""
         self.failure = None
         self.step = step
+        self.backward_done_at = 0.0
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -222,6 +228,8 @@ class GradSync:
             self._works.append((work, tensor))
 
     def _on_bucket(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if bucket.is_last():
+            self.backward_done_at = time.monotonic()
         if self.op_retry is not None:
             return self._reduce_retrying(bucket)
         if self.fixed_buckets:

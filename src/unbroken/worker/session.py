@@ -364,6 +364,11 @@ class Session:
 
     def _commit(self, step: int) -> None:
         elapsed_s = time.monotonic() - self._step_began
+        if self._compute_s == 0.0 and self._recovery is not None:
+            # DDP: the all-reduce runs inside backward; the compute ends at its last bucket.
+            done = self._recovery.sync.backward_done_at
+            if done > self._step_began:
+                self._compute_s = done - self._step_began
         self._committed = step + 1
         if self._first_commit:
             self._step_time_s = elapsed_s
