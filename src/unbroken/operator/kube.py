@@ -237,6 +237,13 @@ class Operator:
         self.health: dict[str, dict[int, str]] = {}  # device faults seen per node
         self.lock = threading.Lock()  # one decision at a time: events of a job race otherwise
 
+    #: The label every pod of a job carries (its value: the job's name).
+    POD_LABEL = "job-name"
+
+    def owner_of(self, meta: dict[str, Any]) -> str | None:
+        """The name of the job of this kind that owns the object, if one does."""
+        return _job_owner(meta)
+
     def register(self, registry: kopf.OperatorRegistry) -> None:
         kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)(self.job_created)
         kopf.on.event("", "v1", "pods", registry=registry, labels={"job-name": kopf.PRESENT})(
@@ -281,7 +288,7 @@ class Operator:
     def pod_event(self, event: kopf.RawEvent, **_: Any) -> None:
         pod: dict[str, Any] = dict(event["object"])
         meta = pod.get("metadata", {})
-        owner = _job_owner(meta)
+        owner = self.owner_of(meta)
         if owner is None:
             return
         ns, name = meta["namespace"], meta["name"]
@@ -334,12 +341,12 @@ class Operator:
     def _pods_on(self, node: str) -> list[tuple[str, str, str, str]]:
         """(namespace, job, pod, uid) of the jobs' pods bound to ``node``."""
         pods = self.core.list_pod_for_all_namespaces(
-            label_selector="job-name", field_selector=f"spec.nodeName={node}"
+            label_selector=self.POD_LABEL, field_selector=f"spec.nodeName={node}"
         ).items
         out = []
         for p in pods:
             meta = p.metadata.to_dict() if p.metadata else {}
-            owner = _job_owner({"ownerReferences": meta.get("owner_references") or []})
+            owner = self.owner_of({"ownerReferences": meta.get("owner_references") or []})
             if owner is not None and (p.spec is None or p.spec.node_name == node):
                 out.append((meta["namespace"], owner, meta["name"], meta.get("uid") or ""))
         return out
@@ -427,6 +434,7 @@ class Operator:
                         budgets=budgets,
                         deviceFaults=handled,
                     )
+                    self._give_up(ns, job_name)
                 case ReplacePods() as action:
                     attempt = int(status.get("reschedules", 0)) + 1
                     message = (
@@ -444,13 +452,17 @@ class Operator:
                         deviceFaults=handled,
                         avoidNodes=list(action.avoid_nodes),
                     )
-                    r = Replacement(
-                        action.level is Level.JOB,
-                        action.pods,
-                        action.grace_period_s,
-                        action.avoid_nodes,
-                    )
-                    carry_out(KubePods(self, ns, job_name, attempt, action.avoid_nodes), r)
+                    self._replace(ns, job_name, attempt, action)
+
+    def _replace(self, ns: str, job_name: str, attempt: int, action: ReplacePods) -> None:
+        """Carry out a rescheduling: the pods are this operator's to delete and create."""
+        r = Replacement(
+            action.level is Level.JOB, action.pods, action.grace_period_s, action.avoid_nodes
+        )
+        carry_out(KubePods(self, ns, job_name, attempt, action.avoid_nodes), r)
+
+    def _give_up(self, ns: str, job_name: str) -> None:
+        """The job failed: its pods stay, for their logs, as a failed Job's do."""
 
     def _maybe_running(self, ns: str, job_name: str) -> None:
         body = self._job(ns, job_name)
@@ -460,7 +472,8 @@ class Operator:
         if status.get("phase") not in ("Created", "Rescheduling"):
             return
         planned = set(status.get("pods") or [])
-        pods = self.core.list_namespaced_pod(ns, label_selector=f"job-name={job_name}").items
+        selector = f"{self.POD_LABEL}={job_name}"
+        pods = self.core.list_namespaced_pod(ns, label_selector=selector).items
         running = {
             p.metadata.name for p in pods if p.metadata and p.status and p.status.phase == "Running"
         }
@@ -556,8 +569,12 @@ def _job_owner(meta: dict[str, Any]) -> str | None:
 
 
 def registry_for(api: kubernetes.client.ApiClient) -> kopf.OperatorRegistry:
+    """The handlers of both forms of the seed's jobs: AscendJobs and Volcano jobs."""
+    from unbroken.operator import volcano
+
     registry = kopf.OperatorRegistry()
     Operator(api).register(registry)
+    volcano.register(api, registry)
     return registry
 
 

@@ -2,11 +2,13 @@
 becomes the planned pods (name, env, labels, ports, owner) and a Service; a failed pod, a node
 gone NotReady and a device fault in a node's annotation are decided by the local engine's policy
 and carried out as the job's rung; a bad job gets a Failed condition and no pods; the status says
-so."""
+so. A Volcano job's failed pod is decided by the same policy and carried out through Volcano (the
+pod deleted for its controller to make again, or a RestartJob / TerminateJob bus command)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -32,6 +34,8 @@ JOBS = kmock.resource("mindxdl.gitee.com", "v1", "ascendjobs")
 PODS = kmock.resource("", "v1", "pods")
 SERVICES = kmock.resource("", "v1", "services")
 NODES = kmock.resource("", "v1", "nodes")
+VCJOBS = kmock.resource("batch.volcano.sh", "v1alpha1", "jobs")
+COMMANDS = kmock.resource("bus.volcano.sh", "v1alpha1", "commands")
 NS = "team-a"
 
 
@@ -56,6 +60,14 @@ async def operator_on_kmock() -> AsyncIterator[Any]:
         )
         k8s.resources["v1/services"] = kmock.ResourceInfo(
             kind="Service", namespaced=True, verbs={"list", "get", "create"}
+        )
+        # Volcano's job and bus command resources (its CRDs, and its controller, are not here:
+        # the tests make a Volcano job's pods as its controller would).
+        k8s.resources["batch.volcano.sh/v1alpha1/jobs"] = kmock.ResourceInfo(
+            kind="Job", namespaced=True, verbs={"list", "watch", "get", "patch", "create"}
+        )
+        k8s.resources["bus.volcano.sh/v1alpha1/commands"] = kmock.ResourceInfo(
+            kind="Command", namespaced=True, verbs={"list", "get", "create"}
         )
         # What kopf's discovery waits for (it lists and watches them when scanning is on).
         k8s.resources["v1/namespaces"] = kmock.ResourceInfo(
@@ -403,5 +415,146 @@ def test_a_device_fault_in_the_node_annotation_reschedules_the_job() -> None:
         assert job["status"]["budgets"]["hardwareReschedules"] == 1
         # Recorded per pod instance: an operator restarting does not act on it again.
         assert job["status"]["deviceFaults"] == ["u0/3/80E01801"]
+
+    run(scenario)
+
+
+# --- Volcano jobs ---------------------------------------------------------------------------
+
+
+def vc_job(name: str, **labels: str) -> dict[str, Any]:
+    """The seed's Volcano job, with ``labels`` changed (an empty value removes the label)."""
+    body = seed_job(name)
+    for key, value in labels.items():
+        if value:
+            body["metadata"]["labels"][key] = value
+        else:
+            del body["metadata"]["labels"][key]
+    return body
+
+
+def vc_state(k8s: Any, name: str) -> dict[str, Any]:
+    job = live(k8s, VCJOBS, name) or {}
+    text = (job.get("metadata", {}).get("annotations") or {}).get("unbroken.dev/state")
+    return {} if not text else dict(json.loads(text))
+
+
+async def volcano_makes_pods(k8s: Any, body: dict[str, Any], pods: list[str]) -> None:
+    """What Volcano's controller does: the job's pods, labelled and owned by the job, Running."""
+    name = body["metadata"]["name"]
+    for pod in pods:
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "namespace": NS,
+                "labels": {"volcano.sh/job-name": name},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch.volcano.sh/v1alpha1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": body["metadata"]["uid"],
+                    }
+                ],
+            },
+            "spec": {"containers": [{"name": "ascend", "image": "train:latest"}]},
+        }
+        async with k8s.post(f"/api/v1/namespaces/{NS}/pods", json=manifest) as r:
+            assert r.status < 300, await r.text()
+        await set_phase(k8s, pod, "Running")
+
+
+async def running_vc_job(k8s: Any, body: dict[str, Any]) -> tuple[str, list[str]]:
+    name = body["metadata"]["name"]
+    async with k8s.post(f"/apis/batch.volcano.sh/v1alpha1/namespaces/{NS}/jobs", json=body) as r:
+        assert r.status < 300, await r.text()
+    state = await until(
+        lambda: vc_state(k8s, name).get("phase") == "Created" and vc_state(k8s, name), "Created"
+    )
+    pods: list[str] = state["pods"]
+    await volcano_makes_pods(k8s, body, pods)
+    await until(lambda: vc_state(k8s, name).get("phase") == "Running", "Running")
+    return name, pods
+
+
+def commands_of(k8s: Any) -> list[dict[str, Any]]:
+    return [obj.raw for key, obj in k8s.objects.items() if key[0] == COMMANDS]
+
+
+def test_a_volcano_jobs_failed_pod_is_deleted_for_volcano_to_make_again() -> None:
+    async def scenario(k8s: Any) -> None:
+        name, pods = await running_vc_job(k8s, vc_job("last-words-vcjob"))
+        assert pods == ["last-words-master-0", "last-words-worker-0", "last-words-worker-1"]
+        await set_phase(k8s, pods[2], "Failed", "Error")
+        state = await until(
+            lambda: vc_state(k8s, name).get("phase") == "Rescheduling" and vc_state(k8s, name),
+            "Rescheduling",
+        )
+        assert state["reschedules"] == 1
+        (resched,) = [c for c in state["conditions"] if c["type"] == "Rescheduled"]
+        assert resched["reason"] == "pod-rescheduling"
+        assert resched["message"].startswith(f"{pods[2]} failed")
+        # Marked, then deleted with the job's grace period; Volcano (not here) makes it again.
+        await until(lambda: live(k8s, PODS, pods[2]) is None, "the pod deleted")
+        deletes = [r for r in k8s if r.method == "DELETE" and r.name == pods[2]]
+        assert [r.params.get("gracePeriodSeconds") for r in deletes] == ["600"], deletes
+        assert [phase_of(k8s, PODS, p) for p in pods[:2]] == ["Running", "Running"]
+        assert not commands_of(k8s)
+        # Volcano's new pod runs: the job is Running again.
+        await volcano_makes_pods(k8s, vc_job("last-words-vcjob"), [pods[2]])
+        await until(lambda: vc_state(k8s, name).get("phase") == "Running", "Running again")
+
+    run(scenario)
+
+
+def test_a_volcano_job_is_restarted_then_terminated_by_bus_commands() -> None:
+    async def scenario(k8s: Any) -> None:
+        body = vc_job("last-words-vcjob", **{"pod-rescheduling": "", "fault-retry-times": "1"})
+        name, pods = await running_vc_job(k8s, body)
+        await set_phase(k8s, pods[1], "Failed", "Error")
+        (restart,) = await until(lambda: commands_of(k8s), "a RestartJob command")
+        assert restart["action"] == "RestartJob"
+        assert restart["metadata"]["name"] == f"{name}-restartjob-1"
+        assert restart["target"] == {
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "name": name,
+            "uid": body["metadata"]["uid"],
+        }
+        state = vc_state(k8s, name)
+        assert state["phase"] == "Rescheduling" and state["reschedules"] == 1
+        # Volcano restarts every pod (not here): a second failure finds the retries spent.
+        await set_phase(k8s, pods[0], "Failed", "Error")
+        await until(lambda: len(commands_of(k8s)) == 2, "a TerminateJob command")
+        assert [c["action"] for c in commands_of(k8s)] == ["RestartJob", "TerminateJob"]
+        state = vc_state(k8s, name)
+        (failed,) = [c for c in state["conditions"] if c["type"] == "Failed"]
+        assert state["phase"] == "Failed" and failed["reason"] == "NoRungLeft"
+        assert "fault-retry-times spent (1 of 1)" in failed["message"]
+        assert not [r for r in k8s if r.method == "DELETE"]  # the pods are Volcano's to stop
+
+    run(scenario)
+
+
+def test_volcano_jobs_without_fault_scheduling_are_left_alone_and_bad_ones_are_failed() -> None:
+    async def scenario(k8s: Any) -> None:
+        other = vc_job("last-words-vcjob", **{"fault-scheduling": ""})
+        other["metadata"]["name"] = "not-ours"
+        bad = vc_job("last-words-vcjob", **{"fault-retry-times": "many"})
+        for body in (other, bad):
+            path = f"/apis/batch.volcano.sh/v1alpha1/namespaces/{NS}/jobs"
+            async with k8s.post(path, json=body) as r:
+                assert r.status < 300, await r.text()
+        state = await until(lambda: vc_state(k8s, "last-words"), "the bad job's record")
+        (failed,) = state["conditions"]
+        assert state["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+        assert "fault-retry-times" in failed["message"] and "'many'" in failed["message"]
+        await volcano_makes_pods(k8s, other, ["not-ours-worker-0"])
+        await set_phase(k8s, "not-ours-worker-0", "Failed", "Error")
+        await asyncio.sleep(1.0)
+        assert vc_state(k8s, "not-ours") == {}
+        assert live(k8s, PODS, "not-ours-worker-0") is not None and not commands_of(k8s)
 
     run(scenario)
