@@ -117,8 +117,11 @@ def test_layouts_say_which_ranks_hold_a_shard_and_what_replicas_cost() -> None:
     # costs 16/d more than its distributed optimizer's 4 + 16/d).
     assert (hsdp.bytes_per_param(), hsdp.bytes_per_param(copies=1)) == (8.0, 4.0)
     assert hsdp.replica_bytes_per_param == 4.0
-    refusal = in_process_refusal(hsdp)
-    assert refusal is not None and "nor regroup a sharded model" in refusal
+    # HSDP with 2 replica groups: a lost rank's shards have a replica, the rungs run in process.
+    assert in_process_refusal(hsdp) is None
+    hsdp_one_group = Sharding(Layout.HSDP, (0, 1, 2, 3), both)
+    refusal = in_process_refusal(hsdp_one_group)
+    assert refusal is not None and "has no replica on another rank" in refusal
 
     fsdp = Sharding(Layout.FSDP, (0, 1, 2, 3), both)
     assert (fsdp.copies, fsdp.holders(2), fsdp.unreplicated) == (1, (2,), True)
@@ -130,6 +133,8 @@ def test_layouts_say_which_ranks_hold_a_shard_and_what_replicas_cost() -> None:
     zero = Sharding(Layout.ZERO, (0, 1, 0, 1), frozenset({"optimizer"}))
     assert (zero.bytes_per_param(), zero.replica_bytes_per_param) == (12.0, 2.0)
     assert "12 bytes of fp32 Adam state per parameter per rank, 2 more" in zero.describe()
+    refusal = in_process_refusal(zero)
+    assert refusal is not None and "does not regroup a ZeroRedundancyOptimizer" in refusal
 
     ddp = Sharding(Layout.REPLICATED, (0, 0, 0, 0), frozenset())
     assert (ddp.holders(1), ddp.unreplicated, in_process_refusal(ddp)) == (

@@ -62,10 +62,14 @@ reproduced on a replacement only with ``seed=`` given to ``unbroken.worker.init`
 hangs (SIGSTOP) blocks the others' collective until the group's timeout or until it is killed;
 the manager kills a hung rank, which makes the others fail at once.
 
-Sharded state (ZeRO, FSDP2, HSDP: :mod:`unbroken.worker.sharding`) turns in-process recovery
-off, with the reason in the rank's log, and the rank's heartbeat says it cannot be repaired in
-process, so the manager skips the in-process rungs and restarts the job from its newest
-checkpoint, which restores every shard exactly (:mod:`unbroken.checkpoint.modelstate`).
+HSDP (FSDP2 on a mesh of two or more replica groups) recovers the same way: its all-gather,
+reduce-scatter and replica all-reduce fail the step (:mod:`unbroken.worker.shardsync` in place
+of the DDP hook), step 3 rebuilds the device mesh over the new generation's group and moves the
+model onto it instead of replaying DDP's constructor, and step 4 repairs shard by shard. Other
+sharded state (ZeRO, FSDP2 without replicas: :mod:`unbroken.worker.sharding`) turns in-process
+recovery off, with the reason in the rank's log, and the rank's heartbeat says it cannot be
+repaired in process, so the manager skips the in-process rungs and restarts the job from its
+newest checkpoint, which restores every shard exactly (:mod:`unbroken.checkpoint.modelstate`).
 """
 
 from __future__ import annotations
@@ -108,7 +112,8 @@ from unbroken.worker.opretry import (
     op_retry_from_environ,
 )
 from unbroken.worker.replica import ReplicaError, repair
-from unbroken.worker.sharding import in_process_refusal
+from unbroken.worker.sharding import Layout, in_process_refusal
+from unbroken.worker.shardsync import ShardSync
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stress import DeviceRef, device_checksum, run_stress
 from unbroken.worker.torchapi import (
@@ -182,7 +187,7 @@ class Recovery:
         self,
         settings: RecoverySettings,
         *,
-        ddp: DistributedDataParallel,
+        ddp: DistributedDataParallel | None,
         state: TrainState,
         rng: StepRng,
         heartbeat: HeartbeatWriter | None,
@@ -199,8 +204,12 @@ class Recovery:
         self.checkpointer: Checkpointer | None = None
         self.recoveries = 0
         _set_timeout(settings.comm_timeout_s)
-        self.sync = GradSync.install(ddp, _default_group())
-        if settings.op_retry is not None:
+        self.sync: GradSync | ShardSync
+        if ddp is None:  # HSDP
+            self.sync = ShardSync.install(state.model, _default_group(), settings.comm_timeout_s)
+        else:
+            self.sync = GradSync.install(ddp, _default_group())
+        if settings.op_retry is not None and isinstance(self.sync, GradSync):
             retrier = OpRetrier(
                 settings.op_retry,
                 timeout_s=settings.comm_timeout_s,
@@ -251,14 +260,15 @@ class Recovery:
             log = logger.warning if settings.mailbox is not None else logger.info
             log("in-process recovery is off: %s", refusal)
             return None
-        if not isinstance(model, DistributedDataParallel) or ranks < 2:
+        hsdp = ranks > 1 and state.sharding.layout is Layout.HSDP
+        if not hsdp and (not isinstance(model, DistributedDataParallel) or ranks < 2):
             if settings.join:
                 raise ValueError(
                     f"this process was started as a replacement ({JOIN}=1), but in-process "
                     "recovery needs a DistributedDataParallel model on more than one rank"
                 )
             return None
-        reason = unsupported_reason(model)
+        reason = None if hsdp else unsupported_reason(model)  # type: ignore[arg-type]
         if reason is not None:
             if settings.join:
                 raise ValueError(f"cannot join as a replacement: {reason}")
@@ -267,7 +277,7 @@ class Recovery:
             return None
         recovery = cls(
             settings,
-            ddp=model,
+            ddp=None if hsdp else model,  # type: ignore[arg-type]
             state=state,
             rng=rng or StepRng(None, snapshot=settings.mailbox is not None),
             heartbeat=heartbeat,
@@ -499,6 +509,8 @@ class Recovery:
             problem = "a replacement process holds no state yet"
         elif self._suspect:
             problem = "its state is suspect (a failed update or a device memory error)"
+        elif self.state.sharding.sharded_parts:
+            problem = f"its state is sharded ({self.state.sharding.layout}): one rank holds a part"
         elif self.last_words is None:
             problem = "it has no checkpoint directory"
         if problem is None:
@@ -520,6 +532,8 @@ class Recovery:
         if self.checkpointer is not None:
             # A save in flight may be stuck in a collective with the peer that is gone.
             self.checkpointer.abandon(wait_s=0.5)
+        if isinstance(self.sync, ShardSync):
+            self.sync.cut()  # the mesh's groups: peers in an all-gather with this rank fail now
         # Drop every reference to the old groups first: gloo closes a group's connections
         # only when its last reference goes, and peers must see them close.
         self.sync.detach()
@@ -625,7 +639,10 @@ class Recovery:
             )
         finally:
             sys.excepthook = excepthook
-        self._replay_ddp_init()
+        if isinstance(self.sync, ShardSync):
+            self.sync.replay_mesh()  # what a replacement's script builds before init
+        else:
+            self._replay_ddp_init()
         if self.checkpointer is not None:
             self.checkpointer.use_group(*checkpoint_group(self.settings.ckpt_timeout_s))
         self.sync.attach(_default_group())
@@ -637,6 +654,7 @@ class Recovery:
         that a replacement process constructing DDP meets its peers there. Received into
         copies: this rank's state stays as it is."""
         group = _default_group()
+        assert self.ddp is not None
         verify_params_across_processes(group, ddp_parameters(self.ddp))
         ignore = self.ddp.parameters_to_ignore
         module = self.ddp.module

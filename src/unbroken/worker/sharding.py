@@ -182,13 +182,14 @@ def in_process_refusal(sharding: Sharding) -> str | None:
     cannot restore this layout's state exactly (None: they can).
 
     A shard held by one rank is lost with that rank: no healthy process holds it, so the rung
-    that could restore it is the restart from the newest checkpoint, with every rank. A shard
-    with replicas can be copied from one (:func:`unbroken.worker.replica.repair` repairs shard
-    by shard) and :func:`rebind` moves an FSDP2/HSDP model to a new generation's groups, but
-    recovery does not use them yet: a failed all-gather or reduce-scatter in the forward or
-    backward is not caught at the step boundary as the DDP hook catches a failed all-reduce,
-    the regroup replays DDP's constructor only, and a ZeRO optimizer keeps its old group.
-    Last words need the whole state on one rank."""
+    that could restore it is the restart from the newest checkpoint, with every rank. HSDP
+    with two or more replica groups recovers in process: its collectives fail a step instead
+    of the process (:mod:`unbroken.worker.shardsync`), every rank moves its model onto the new
+    generation's mesh (:func:`rebind`) and a lost rank's shards come from the rank at the same
+    position of another replica group (:func:`unbroken.worker.replica.repair`). A ZeRO
+    optimizer over replicated blocks keeps its old group (no regroup for it yet). Last words
+    (``dump``) need the whole state on one rank: a sharded rank refuses them, and the rung
+    after it applies."""
     if not sharding.sharded_parts:
         return None
     if sharding.unreplicated:
@@ -196,10 +197,12 @@ def in_process_refusal(sharding: Sharding) -> str | None:
             f"{sharding.describe()}: a lost rank's shard has no replica on another rank, so "
             "only the newest checkpoint can restore it; the job restarts from it"
         )
+    if sharding.layout is Layout.HSDP:
+        return None
     return (
         f"{sharding.describe()}: a lost shard's replica is on another rank, but in-process "
-        "recovery does not yet catch a failed all-gather or reduce-scatter nor regroup a "
-        "sharded model; the job restarts from the newest checkpoint"
+        "recovery does not regroup a ZeroRedundancyOptimizer; the job restarts from the "
+        "newest checkpoint"
     )
 
 
