@@ -42,6 +42,7 @@ from typing import Any, assert_never
 from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
+from unbroken.agent.planes import PLANES_VAR, PlaneWatch, cut_plane, decode_planes
 from unbroken.agent.ranks import (
     RankExit,
     RankProcess,
@@ -58,10 +59,12 @@ from unbroken.protocol.messages import (
     COMMANDS,
     AgentHeartbeat,
     AgentHello,
+    CutPlane,
     EndRanks,
     HelloAnswer,
     Order,
     PauseRanks,
+    PlaneChanged,
     PodFinished,
     PodStopped,
     ProtocolError,
@@ -84,6 +87,7 @@ from unbroken.protocol.messages import (
     method_of,
 )
 from unbroken.rpc import ControlClient, RpcError
+from unbroken.worker.linkfault import LinkFaultError
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +159,12 @@ class ManagedAgent:
         self._zygote_at: float | None = None  # start one once the ranks train, or then
         self._unannounced: Callable[[dict[int, int]], Report] | None = None
         self._reap_at = 0.0
+        # The host's network planes (unbroken.agent.planes): watched each tick; the ranks'
+        # collectives run over ``self.plane``'s interface.
+        planes = decode_planes(os.environ.get(PLANES_VAR, ""))
+        self._ifnames = {p.name: p.ifname for p in planes}
+        self._plane_watch = PlaneWatch(planes) if planes else None
+        self.plane = planes[0].name if planes else ""
 
     # ---- control plane ----------------------------------------------------------------
     def _send(self, report: Report) -> dict[str, Any]:
@@ -208,6 +218,8 @@ class ManagedAgent:
             env["RANK"] = env["ROLE_RANK"] = str(world.index(rank))
             env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = str(len(world))
         env["UNBROKEN_MAILBOX"] = str(mb)
+        if self.plane:
+            env["GLOO_SOCKET_IFNAME"] = self._ifnames[self.plane]
         if join:
             env["UNBROKEN_JOIN"] = "1"
         proc = RankProcess(
@@ -262,6 +274,7 @@ class ManagedAgent:
                 "world_size": len(world),
                 "source": world.index(order.source),
                 "step": order.step,
+                "ifname": self._ifnames.get(order.plane, ""),
             }
         )
 
@@ -272,6 +285,8 @@ class ManagedAgent:
         ``order.source``."""
         replace = order.replace
         self.generation = order.generation
+        if order.plane in self._ifnames:
+            self.plane = order.plane  # the replacements below start on it too
         self.args = dataclasses.replace(self.args, master_port=order.master_port)
         for rank in replace:
             old = self.ranks.get(rank)
@@ -429,6 +444,7 @@ class ManagedAgent:
                 if code is not None:
                     return code
                 self._check_hangs()
+                self._watch_planes()
                 self._keep_zygote()
                 if time.monotonic() >= self._reap_at:
                     reap_orphans()  # descendants of ranks, come to this subreaper
@@ -446,6 +462,28 @@ class ManagedAgent:
         except AgentExit:
             self._stop_ranks(None)
             raise
+
+    def _watch_planes(self) -> None:
+        """Report each change of a plane's carrier at once (every plane on the first look)."""
+        if self._plane_watch is None:
+            return
+        for plane, up in self._plane_watch.changes():
+            log.warning("network plane %s is %s", plane, "up" if up else "down")
+            names = tuple(self._ifnames)
+            self._send(PlaneChanged(plane=plane, up=up, changed_at=time.time(), planes=names))
+
+    def _cut_plane(self, plane: str) -> None:
+        ifname = self._ifnames.get(plane)
+        if ifname is None:
+            log.error("cut-plane: this host has no plane %r", plane)
+            return
+        pids = [p.pid for p in self.ranks.values() if p.alive]
+        try:
+            cut = cut_plane(pids, ifname)
+        except LinkFaultError as exc:
+            log.error("cut-plane %s: %s", plane, exc)
+            return
+        log.warning("plane %s: %d connection(s) of the ranks on %s reset", plane, len(cut), ifname)
 
     def _rank_exited(self, ex: RankExit) -> None:
         self._exits.put(ex)
@@ -539,6 +577,8 @@ class ManagedAgent:
                         self._mailboxes[rank].post({"op": "pause"})
             case RejoinRanks():
                 self._rejoin(order)
+            case CutPlane(plane=plane):
+                self._cut_plane(plane)
             case StressRanks(round=round_, master_port=port):  # ranks stopped at a boundary
                 for rank, proc in self.ranks.items():
                     if proc.alive and rank in self._mailboxes:

@@ -26,6 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unbroken.agent.image import OwnChild
+from unbroken.agent.planes import (
+    PLANES_VAR,
+    Plane,
+    PlaneError,
+    check_planes,
+    encode_planes,
+    parse_plane,
+)
 from unbroken.manager.service import JOIN, NODE_ORDERS, NODE_POD, NodeRegistry
 from unbroken.rpc import ControlClient, RpcError
 
@@ -41,6 +49,7 @@ class JoinArgs:
     node: str
     devices: int
     address: str
+    planes: tuple[Plane, ...] = ()
 
 
 def build_join_parser() -> argparse.ArgumentParser:
@@ -58,6 +67,14 @@ def build_join_parser() -> argparse.ArgumentParser:
         help="this host's address that other hosts reach (default: the one that routes to the "
         "control plane)",
     )
+    p.add_argument(
+        "--plane",
+        action="append",
+        default=[],
+        metavar="NAME=IFNAME",
+        help="a network plane the ranks' collectives may use, in order of preference (give "
+        "two or more for link failover; the job enables it with MS_ENABLE_TFT TSP:1)",
+    )
     return p
 
 
@@ -68,12 +85,18 @@ def parse_join_args(argv: Sequence[str]) -> JoinArgs:
         raise JoinError(f"--join {ns.join!r}: expected HOST:PORT")
     if ns.devices < 1:
         raise JoinError(f"--devices {ns.devices}: expected at least 1")
+    try:
+        planes = tuple(parse_plane(text) for text in ns.plane)
+        check_planes(planes)
+    except PlaneError as exc:
+        raise JoinError(str(exc)) from None
     return JoinArgs(
         control=str(ns.join),
         token_file=ns.token_file,
         node=str(ns.node),
         devices=int(ns.devices),
         address=str(ns.address) or route_address(host, int(port)),
+        planes=planes,
     )
 
 
@@ -123,13 +146,15 @@ def join(args: JoinArgs, timeout_s: float = 5.0) -> int:
         raise JoinError(f"{args.control} refused node {args.node}: {reply.get('error', '?')}")
     try:
         for order in client.stream(NODE_ORDERS, {"node": args.node, "pid": os.getpid()}):
-            _run_order(client, args.node, order)
+            _run_order(client, args.node, order, args.planes)
     except RpcError as exc:
         raise JoinError(f"lost the control plane {args.control}: {exc}") from None
     return 0
 
 
-def _run_order(client: ControlClient, node: str, order: dict[str, object]) -> None:
+def _run_order(
+    client: ControlClient, node: str, order: dict[str, object], planes: Sequence[Plane] = ()
+) -> None:
     """Start a pod's agent process on this host (``start``) or signal one (``signal``)."""
     kind = order.get("kind")
     if kind == "signal":
@@ -144,6 +169,9 @@ def _run_order(client: ControlClient, node: str, order: dict[str, object]) -> No
     env = {str(k): str(v) for k, v in dict(order["env"]).items()}  # type: ignore[call-overload]
     # This host's choices of interface (GLOO_SOCKET_IFNAME=...) win over the control plane's.
     env.update({k: v for k, v in os.environ.items() if k.endswith("_SOCKET_IFNAME")})
+    if planes:  # the ranks start on the first plane; their agent watches and switches them
+        env[PLANES_VAR] = encode_planes(planes)
+        env["GLOO_SOCKET_IFNAME"] = planes[0].ifname
     argv = [sys.executable if a == "{python}" else str(a) for a in order["argv"]]  # type: ignore[attr-defined]
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(

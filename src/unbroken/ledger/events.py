@@ -375,3 +375,49 @@ class StressTestFinished(Event):
     test_s: float
     resume_s: float
     recovered: bool = False
+
+
+# -- link failover between network planes --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlaneChanged(Event):
+    """Network plane ``plane`` of ``node`` went down (its interface lost carrier) or came up
+    at ``changed_at``."""
+
+    node: str
+    plane: str
+    up: bool
+    changed_at: float
+
+
+@dataclass(frozen=True)
+class PlaneFailover(Event):
+    """Every rank regrouped in its own process over plane ``to``, leaving ``from_plane``;
+    generation ``generation`` committed ``step`` first. ``planned``: an operator's command
+    (at a step boundary; nothing failed); else ``from_plane`` went down and the collective
+    interrupted on it is redone. ``pause_s``: from the pause to that first commit, the time
+    training stood still; ``reason``: why it switched."""
+
+    from_plane: str
+    to: str
+    planned: bool
+    generation: int
+    step: int
+    pause_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlaneSwitchback(Event):
+    """As :class:`PlaneFailover`, back to the preferred plane ``to`` once it was healthy on
+    every node for the hold time (or on an operator's command): a planned pause at a step
+    boundary."""
+
+    from_plane: str
+    to: str
+    planned: bool
+    generation: int
+    step: int
+    pause_s: float
+    reason: str

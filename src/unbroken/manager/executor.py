@@ -69,6 +69,7 @@ from unbroken.manager.detector import IdleDeviceFault, device_fault
 from unbroken.manager.elastic import ElasticState
 from unbroken.manager.incident import Incident
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
+from unbroken.manager.planes import PlaneSwitcher
 from unbroken.manager.pods import (
     PodProcess,
     Spare,
@@ -122,7 +123,9 @@ from unbroken.policy import (
 )
 from unbroken.policy import Event as PolicyEvent
 from unbroken.policy import FaultDetected as PolicyFaultDetected
+from unbroken.policy.planes import PlaneConfig
 from unbroken.protocol.messages import (
+    CutPlane,
     EndRanks,
     JoinFrom,
     PauseRanks,
@@ -304,6 +307,16 @@ class Executor:
         #: the rung that waits.
         self.pending_room: tuple[tuple[str, ...], float, int | None] | None = None
         self._drop_nodes: dict[str, str] = {}
+        #: Link failover between network planes (MS_ENABLE_TFT TSP:1): every rank regroups
+        #: over another plane in its own process (unbroken.manager.planes).
+        self.planes = PlaneSwitcher(
+            PlaneConfig(enabled=self.fh.link_failover),
+            ledger,
+            console,
+            busy=self._plane_switch_waits,
+            cut=self._cut_plane,
+            begin=lambda now: self._rejoin(replace={}, now=now),
+        )
 
     # ---- the policy -------------------------------------------------------------------
     def policy(self, event: PolicyEvent, now: float) -> None:
@@ -575,6 +588,21 @@ class Executor:
             leaving=frozenset(leaving),
         )
 
+    def _plane_switch_waits(self) -> bool:
+        """A plane switch waits for a recovery, a rejoin, last words or a hot switch."""
+        return (
+            isinstance(self.policy_state, Recovering)
+            or self.pending_rejoin is not None
+            or self.pending_dump is not None
+            or self.switch is not None
+            or self.m.finished
+        )
+
+    def _cut_plane(self, plane: str) -> None:
+        for p in self.m.pods.values():
+            if p.alive and not p.lost:
+                self.commands.send(p.pod, p.pid, CutPlane(plane))
+
     def poll_rejoin(self, now: float) -> None:
         pr = self.pending_rejoin
         if pr is None:
@@ -593,6 +621,7 @@ class Executor:
         if pr.leaving and pr.replacement is not None:
             self._switch_over(pr.replacement)
         gen = self._next_generation(pr.rung, replica_step=step)
+        plane = self.planes.rejoin_plane(gen)
         if pr.leaving and self.switch is not None:
             self.switch = replace(self.switch, generation=gen)
         for p in self.m.pods.values():
@@ -609,6 +638,7 @@ class Executor:
                     step=step,
                     replace=tuple(pr.replace.get(p.pod, ())),
                     world=self.elastic.world if self.elastic.shrunk else (),
+                    plane=plane,
                 ),
             )
         self.elastic = self.elastic.began(gen)
@@ -757,6 +787,7 @@ class Executor:
     def generation_committed(self, generation: int, first_commit_at: float, step: int) -> None:
         """Generation ``generation`` committed its first step (``step``): a change of world
         size it began is done, recorded with the time training stood still for it."""
+        self.planes.committed(generation, first_commit_at, step)
         self.elastic, done = self.elastic.committed(generation)
         if done is None:
             return

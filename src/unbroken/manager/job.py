@@ -91,6 +91,7 @@ from unbroken.protocol.messages import (
     AgentHello,
     Event,
     HelloAnswer,
+    PlaneChanged,
     PodFinished,
     PodStopped,
     RankExited,
@@ -553,6 +554,11 @@ class JobManager:
             case PodStopped():
                 pod.stopped = True
                 return
+            case PlaneChanged():  # a fact of the host, whatever generation its agent is in
+                self.executor.planes.reported(
+                    pod.node, event.plane, event.up, event.changed_at, event.planes
+                )
+                return
         if gen != self.generation:
             log.info(
                 "ignoring %s from %s of generation %d (now %d)",
@@ -627,6 +633,7 @@ class JobManager:
         self._stragglers(now)
         self._phases(now)
         self.executor.poll_rejoin(now)
+        self.executor.planes.tick(now)
         self.stress.poll(now)
         self.executor.poll_dump(now)
         self.executor.poll_held(now)

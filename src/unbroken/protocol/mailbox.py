@@ -88,6 +88,8 @@ class Rejoin:
     world_size: int
     source: int
     step: int
+    #: The interface the new group's collectives use (``GLOO_SOCKET_IFNAME``); "": unchanged.
+    ifname: str = ""
 
     @property
     def op(self) -> Op:
@@ -171,6 +173,7 @@ def parse_command(data: Mapping[str, Any]) -> Command:
         world_size=world_size,
         source=_int_field(data, "source", 0, world_size - 1),
         step=_int_field(data, "step", 0),
+        ifname=str(data.get("ifname") or ""),
     )
 
 

@@ -165,6 +165,17 @@ class RankHung:
 
 
 @dataclass(frozen=True)
+class PlaneChanged:
+    """The host's network plane ``plane`` went down (its interface lost carrier) or came up;
+    ``planes``: the host's planes in its order of preference."""
+
+    plane: str
+    up: bool
+    changed_at: float
+    planes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PodFinished:
     """Every rank exited 0; ``without_session``: ranks that never started an Unbroken session."""
 
@@ -176,7 +187,16 @@ class PodStopped:
     """The agent stopped its ranks on the manager's order and exits."""
 
 
-Event = RanksStarted | RanksRejoined | RankExited | RankFailed | RankHung | PodFinished | PodStopped
+Event = (
+    RanksStarted
+    | RanksRejoined
+    | RankExited
+    | RankFailed
+    | RankHung
+    | PlaneChanged
+    | PodFinished
+    | PodStopped
+)
 Report = AgentHello | AgentHeartbeat | Event
 
 _EVENT_NAMES: dict[type[Any], str] = {
@@ -185,6 +205,7 @@ _EVENT_NAMES: dict[type[Any], str] = {
     RankExited: "rank-exited",
     RankFailed: "rank-failed",
     RankHung: "rank-hung",
+    PlaneChanged: "plane-changed",
     PodFinished: "pod-finished",
     PodStopped: "pod-stopped",
 }
@@ -242,6 +263,9 @@ def encode_report(sender: Sender, report: Report) -> JsonObj:
             body["failure"] = _failure_name(report.failure)
         case PodFinished(without_session=idle):
             body["without_session"] = list(idle)
+        case PlaneChanged():
+            body.update(dataclasses.asdict(report))
+            body["planes"] = list(report.planes)
         case RankExited() | RankHung() | PodStopped():
             body.update(dataclasses.asdict(report))
     if not isinstance(report, AgentHello | AgentHeartbeat):
@@ -382,6 +406,13 @@ def _event(body: Mapping[str, Any]) -> Event:
                 timeout_s=_float(body, "timeout_s"),
                 last_tick_at=_float(body, "last_tick_at"),
             )
+        case "plane-changed":
+            return PlaneChanged(
+                plane=str(_get(body, "plane")),
+                up=bool(_get(body, "up")),
+                changed_at=_float(body, "changed_at"),
+                planes=tuple(str(p) for p in body.get("planes") or ()),
+            )
         case "pod-finished":
             return PodFinished(without_session=_ints(body, "without_session"))
         case "pod-stopped":
@@ -453,6 +484,16 @@ class RejoinRanks:
     step: int
     replace: tuple[int, ...] = ()
     world: tuple[int, ...] = dataclasses.field(default=(), metadata={"omit_empty": True})
+    #: The network plane the new group runs its collectives over ("": the one the ranks have).
+    plane: str = dataclasses.field(default="", metadata={"omit_empty": True})
+
+
+@dataclass(frozen=True)
+class CutPlane:
+    """Destroy the ranks' connections on network plane ``plane`` (its link is down: a
+    collective waiting there fails at once instead of at its timeout)."""
+
+    plane: str
 
 
 @dataclass(frozen=True)
@@ -480,13 +521,23 @@ class StopPod:
     success: bool = False
 
 
-Order = RestartRanks | EndRanks | PauseRanks | RejoinRanks | WriteLastWords | StressRanks | StopPod
+Order = (
+    RestartRanks
+    | EndRanks
+    | PauseRanks
+    | RejoinRanks
+    | CutPlane
+    | WriteLastWords
+    | StressRanks
+    | StopPod
+)
 
 _OPS: dict[type[Any], str] = {
     RestartRanks: "restart",
     EndRanks: "end",
     PauseRanks: "pause",
     RejoinRanks: "rejoin",
+    CutPlane: "cut-plane",
     WriteLastWords: "dump",
     StressRanks: "stress",
     StopPod: "stop",
@@ -524,7 +575,10 @@ def decode_order(body: Mapping[str, Any]) -> Order:
                 step=_int(body, "step"),
                 replace=_ints(body, "replace"),
                 world=_ints(body, "world") if "world" in body else (),
+                plane=str(body.get("plane") or ""),
             )
+        case "cut-plane":
+            return CutPlane(plane=str(_get(body, "plane")))
         case "dump":
             return WriteLastWords(rank=_int(body, "rank"))
         case "stress":
@@ -545,12 +599,14 @@ __all__ = [
     "REPORT",
     "AgentHeartbeat",
     "AgentHello",
+    "CutPlane",
     "EndRanks",
     "Event",
     "HelloAnswer",
     "JoinFrom",
     "Order",
     "PauseRanks",
+    "PlaneChanged",
     "PodFinished",
     "PodStopped",
     "ProtocolError",

@@ -361,7 +361,19 @@ def read_fault_handling(
         ),
         op_retry=op_retry,
         framework=framework,
+        link_failover=_link_failover(knobs),
     )
+
+
+def _link_failover(knobs: dict[str, EnvValue]) -> bool:
+    """``MS_ENABLE_TFT``'s ``TSP:1`` (a malformed value is reported by ``_env_knobs``)."""
+    item = knobs.get("MS_ENABLE_TFT")
+    if item is None:
+        return False
+    try:
+        return parse_ms_enable_tft(item.value).get(TftSwitch.TSP, False)
+    except KnobSyntaxError:
+        return False
 
 
 def _env_knobs(
@@ -450,12 +462,17 @@ def _env_knobs(
     item = knobs.get("MS_ENABLE_TFT")
     if item is not None:
         try:
-            parse_ms_enable_tft(item.value)
+            switches = parse_ms_enable_tft(item.value)
         except KnobSyntaxError as exc:
             fail(item, exc)
         else:
-            if framework is not Framework.MINDSPORE:
-                problems.warn(item.line, item.field, "MS_ENABLE_TFT is read by MindSpore only")
+            if framework is not Framework.MINDSPORE and set(switches) - {TftSwitch.TSP}:
+                problems.warn(
+                    item.line,
+                    item.field,
+                    "MS_ENABLE_TFT is read by MindSpore only; Unbroken reads its TSP switch "
+                    "(link failover between network planes)",
+                )
     for name in _PER_POD:
         item = knobs.get(name)
         if item is not None:

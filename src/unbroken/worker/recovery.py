@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -621,6 +622,10 @@ class Recovery:
 
     def _regroup(self, command: Rejoin) -> None:
         timeout = timedelta(seconds=self.settings.comm_timeout_s)
+        if command.ifname:
+            # Another network plane (link failover): gloo reads the variable each time it
+            # makes a group, so the new group's connections use that interface.
+            os.environ["GLOO_SOCKET_IFNAME"] = command.ifname
         store = dist.TCPStore(  # type: ignore[attr-defined]
             command.master_addr,
             command.master_port,

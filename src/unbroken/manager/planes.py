@@ -1,0 +1,181 @@
+"""Carrying out link failover and switchback between network planes (the executor's part).
+
+The decision is :func:`unbroken.policy.planes.decide_plane`'s; this module feeds it the pod
+agents' plane reports, the clock and the operator's commands, and carries out its
+:class:`~unbroken.policy.planes.SwitchPlane` through the executor's in-process rejoin:
+
+1. a failover first has every pod's agent destroy its ranks' connections on the lost plane
+   (``cut-plane``): a gradient all-reduce waiting on a link that is down fails at once on every
+   host, and the step it belonged to is redone after the regroup, as ``retry`` redoes it;
+2. every rank stops at a step boundary (``pause``); a failed collective of the pause is no
+   fault (the job manager reads failures during a rejoin as part of it);
+3. once every rank is stopped, each rejoins the next generation in its own process with the
+   new plane's interface (``rejoin`` with ``plane``: the pod's agent maps the plane to this
+   host's interface, the rank sets ``GLOO_SOCKET_IFNAME`` before it makes its new group);
+4. the generation's first committed step ends the switch: :class:`~unbroken.ledger.
+   PlaneFailover` or :class:`~unbroken.ledger.PlaneSwitchback` records the pause.
+
+A switch waits while a recovery of the ladder or another rejoin is under way (the policy asks
+again on the next tick), and is given up after :data:`SWITCH_TIMEOUT_S` without a commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from unbroken.ledger import Ledger, PlaneChanged, PlaneFailover, PlaneSwitchback
+from unbroken.manager.console import Console
+from unbroken.policy.planes import (
+    PlaneCommand,
+    PlaneConfig,
+    PlaneDecision,
+    PlaneEvent,
+    PlaneReported,
+    Planes,
+    PlaneSwitched,
+    PlaneTick,
+    SwitchPlane,
+    decide_plane,
+)
+
+log = logging.getLogger(__name__)
+
+#: A switch that has not committed a step this long after its pause is given up.
+SWITCH_TIMEOUT_S = 60.0
+
+
+@dataclass
+class _Switch:
+    to: str
+    from_plane: str
+    planned: bool
+    reason: str
+    paused_at: float
+    generation: int | None = None
+
+
+class PlaneSwitcher:
+    """The job's planes; ``begin`` pauses the ranks (the executor's rejoin), ``cut`` sends
+    ``cut-plane`` to every pod, ``busy`` says whether a recovery or a rejoin is under way."""
+
+    def __init__(
+        self,
+        config: PlaneConfig,
+        ledger: Ledger,
+        console: Console,
+        *,
+        busy: Callable[[], bool],
+        cut: Callable[[str], None],
+        begin: Callable[[float], None],
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.console = console
+        self._busy = busy
+        self._cut = cut
+        self._begin = begin
+        self.state = Planes()
+        self.switch: _Switch | None = None
+
+    @property
+    def active(self) -> str:
+        return self.state.active
+
+    def reported(self, node: str, plane: str, up: bool, at: float, names: tuple[str, ...]) -> None:
+        """A pod's agent saw ``plane`` of ``node`` go down or come up."""
+        if not self.state.names and names:
+            self.state = Planes.declared(names)
+            self.console.line(
+                f"network planes {', '.join(names)}; collectives on {names[0]}"
+                + ("; link failover on" if self.config.enabled else "")
+            )
+        old = self.state.health.get((node, plane))
+        if old is None or old.up != up:
+            self.ledger.record(PlaneChanged(node=node, plane=plane, up=up, changed_at=at))
+        self._feed(PlaneReported(node=node, plane=plane, up=up, at=at), at)
+
+    def tick(self, now: float) -> None:
+        sw = self.switch
+        if sw is not None and now - sw.paused_at > SWITCH_TIMEOUT_S:
+            self.console.line(
+                f"switch to plane {sw.to} given up: no step committed {SWITCH_TIMEOUT_S:.0f} s "
+                "after the pause"
+            )
+            self.switch = None
+            self._feed(PlaneSwitched(to=sw.to, ok=False), now)
+            return
+        if self.state.names:
+            self._feed(PlaneTick(now=now), now)
+
+    def command(self, to: str, now: float) -> PlaneDecision:
+        """An operator's switch (``to`` empty: back to the preferred plane); the decision
+        says whether it was refused and why."""
+        return self._feed(PlaneCommand(to=to, at=now), now)
+
+    def rejoin_plane(self, generation: int) -> str:
+        """The plane a rejoin into ``generation`` puts the ranks on ("" when no switch is
+        under way: they stay where they are); notes the generation the switch began."""
+        sw = self.switch
+        if sw is None or sw.generation is not None:
+            return ""
+        sw.generation = generation
+        return sw.to
+
+    def committed(self, generation: int, first_commit_at: float, step: int) -> None:
+        """Generation ``generation`` committed its first step: a switch that began it is done."""
+        sw = self.switch
+        if sw is None or sw.generation != generation:
+            return
+        self.switch = None
+        pause_s = first_commit_at - sw.paused_at
+        back = bool(self.state.names) and sw.to == self.state.names[0]
+        event = PlaneSwitchback if back else PlaneFailover
+        self.ledger.record(
+            event(
+                from_plane=sw.from_plane,
+                to=sw.to,
+                planned=sw.planned,
+                generation=generation,
+                step=step,
+                pause_s=pause_s,
+                reason=sw.reason,
+            ),
+            at=first_commit_at,
+        )
+        self.console.line(
+            f"{'switchback' if back else 'failover'} to plane {sw.to} done: training stood "
+            f"still {pause_s:.2f} s, no process restarted; step {step} committed by "
+            f"generation {generation}"
+        )
+        self._feed(PlaneSwitched(to=sw.to, ok=True), first_commit_at)
+
+    def _feed(self, event: PlaneEvent, now: float) -> PlaneDecision:
+        before = self.state
+        d = decide_plane(before, event, self.config)
+        if d.command is not None and self._busy():
+            # A recovery or another rejoin holds the ranks: asked again on a later tick.
+            return PlaneDecision(before, None, "waiting for the recovery under way", refused=True)
+        self.state = d.state
+        if d.command is not None:
+            self._carry_out(d.command, before.active, now)
+        elif d.reason and not isinstance(event, PlaneTick) and not d.refused:
+            log.info("planes: %s", d.reason)
+        return d
+
+    def _carry_out(self, cmd: SwitchPlane, from_plane: str, now: float) -> None:
+        self.console.line(f"decision: link-{'switch' if cmd.planned else 'failover'}: {cmd.reason}")
+        if not cmd.planned:
+            self._cut(from_plane)
+        self.switch = _Switch(
+            to=cmd.to,
+            from_plane=from_plane,
+            planned=cmd.planned,
+            reason=cmd.reason,
+            paused_at=now,
+        )
+        self._begin(now)
+
+
+__all__ = ["SWITCH_TIMEOUT_S", "PlaneSwitcher"]

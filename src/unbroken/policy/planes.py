@@ -1,0 +1,252 @@
+"""Link failover between network planes: which plane the ranks' collectives use. Pure.
+
+A host may reach its peers over two (or more) network planes, the seed's dual-plane parameter
+network. Each host declares its planes in order of preference (``unbroken launch --join ...
+--plane a=IFNAME --plane b=IFNAME``); the first is the one a job starts on. A plane carries the
+ranks' collectives only (gloo's ``GLOO_SOCKET_IFNAME``): the control channel and the rendezvous
+store stay on the address the host joined by, so a plane going down never cuts a host off its
+control plane. The switch itself is a regroup in every rank's own process (the executor's
+rejoin): no process restarts, no step trained twice.
+
+The job enables it with ``MS_ENABLE_TFT``'s ``TSP:1``. Planes are *healthy* when they are up on
+every node that declared them; a node's plane is up while its interface has carrier.
+
+Decision table (row ids are the unit tests')
+============================================
+
+- P1  a plane report that changes nothing the job uses (another plane than the active one, or
+  the same state again): its health is recorded; no command.
+- P2  the active plane goes down on a node, failover enabled, no switch under way, another
+  plane healthy: ``SwitchPlane(to=the first healthy plane in preference order,
+  planned=False)``.
+- P3  as P2 with failover off or no other plane healthy: no command; the failed collectives
+  are faults for the recovery ladder as without planes (the reason says why).
+- P4  any report while a switch is under way: recorded; no command (a plane lost meanwhile is
+  seen once the switch is done, by the next report or tick: P5/P7).
+- P5  ``PlaneTick``: the preferred plane is not active, has been healthy on every node for at
+  least ``hold_s``, no switch is under way and no operator pinned the plane:
+  ``SwitchPlane(to=preferred, planned=True)``: the automatic switchback, at a step boundary.
+- P6  ``PlaneTick`` with the active plane down somewhere and another healthy (a switch that
+  failed, or a loss reported during a switch): as P2.
+- P7  ``PlaneCommand(to)``: an operator's switch. ``to`` empty means the preferred plane
+  (switchback). Refused with the reason when the plane is unknown, already active, not
+  healthy on every node, or a switch is under way. A switch away from the preferred plane
+  pins the job there (no automatic switchback) until a switchback command.
+- P8  ``PlaneSwitched(ok=True)``: the plane switched to is active. ``ok=False``: the switch is
+  over, the active plane unchanged (the ladder had the faults).
+- P9  no planes declared: every event, nothing (single-plane jobs are as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+#: How long the preferred plane must stay up on every node before the automatic switchback.
+SWITCHBACK_HOLD_S_DEFAULT = 5.0
+
+
+@dataclass(frozen=True)
+class PlaneHealth:
+    up: bool
+    since_at: float
+
+
+@dataclass(frozen=True)
+class Planes:
+    """The job's planes in preference order, the active one, and each node's plane health."""
+
+    names: tuple[str, ...] = ()
+    active: str = ""
+    health: Mapping[tuple[str, str], PlaneHealth] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    switching: str | None = None  # the plane a switch under way goes to
+    pinned: bool = False  # an operator moved the job off the preferred plane
+
+    @staticmethod
+    def declared(names: tuple[str, ...]) -> Planes:
+        return Planes(names=names, active=names[0] if names else "")
+
+    def nodes(self) -> frozenset[str]:
+        return frozenset(node for node, _ in self.health)
+
+    def healthy(self, plane: str) -> bool:
+        """Up on every node that reported its planes (and known to at least one)."""
+        nodes = self.nodes()
+        return bool(nodes) and all(
+            (h := self.health.get((n, plane))) is not None and h.up for n in nodes
+        )
+
+    def healthy_since(self, plane: str) -> float | None:
+        """Since when ``plane`` has been up on every node; None when it is not."""
+        if not self.healthy(plane):
+            return None
+        return max(self.health[(n, plane)].since_at for n in self.nodes())
+
+    def down_on(self, plane: str) -> tuple[str, ...]:
+        return tuple(sorted(n for (n, p), h in self.health.items() if p == plane and not h.up))
+
+
+@dataclass(frozen=True)
+class SwitchPlane:
+    """Every rank stops at a step boundary and regroups over ``to`` in its own process.
+    ``planned``: a switchback or an operator's switch (nothing failed); else a failover."""
+
+    to: str
+    planned: bool
+    reason: str
+
+
+# ---- events ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlaneReported:
+    node: str
+    plane: str
+    up: bool
+    at: float
+
+
+@dataclass(frozen=True)
+class PlaneTick:
+    now: float
+
+
+@dataclass(frozen=True)
+class PlaneCommand:
+    to: str  # "": the preferred plane (switchback)
+    at: float
+
+
+@dataclass(frozen=True)
+class PlaneSwitched:
+    to: str
+    ok: bool
+
+
+PlaneEvent = PlaneReported | PlaneTick | PlaneCommand | PlaneSwitched
+
+
+@dataclass(frozen=True)
+class PlaneDecision:
+    state: Planes
+    command: SwitchPlane | None
+    reason: str
+    refused: bool = False  # an operator's command that is not carried out
+
+
+@dataclass(frozen=True)
+class PlaneConfig:
+    enabled: bool  # MS_ENABLE_TFT TSP:1
+    hold_s: float = SWITCHBACK_HOLD_S_DEFAULT
+
+
+def decide_plane(state: Planes, event: PlaneEvent, config: PlaneConfig) -> PlaneDecision:
+    """The next plane state and the switch to make, if any (the table above)."""
+    if not state.names:
+        return PlaneDecision(state, None, "no planes declared", refused=True)  # P9
+    match event:
+        case PlaneReported(node=node, plane=plane, up=up, at=at):
+            return _reported(state, node, plane, up, at, config)
+        case PlaneTick(now=now):
+            return _tick(state, now, config)
+        case PlaneCommand(to=to):
+            return _command(state, to or state.names[0])
+        case PlaneSwitched(to=to, ok=ok):
+            done = replace(state, switching=None)
+            if not ok:
+                return PlaneDecision(done, None, f"the switch to plane {to} did not complete")
+            return PlaneDecision(replace(done, active=to), None, f"plane {to} active")  # P8
+
+
+def _reported(
+    state: Planes, node: str, plane: str, up: bool, at: float, config: PlaneConfig
+) -> PlaneDecision:
+    if plane not in state.names:
+        return PlaneDecision(state, None, f"plane {plane} of {node} is not one of the job's")
+    old = state.health.get((node, plane))
+    if old is not None and old.up == up:
+        return PlaneDecision(state, None, f"plane {plane} of {node} unchanged")  # P1
+    health = dict(state.health)
+    health[(node, plane)] = PlaneHealth(up=up, since_at=at)
+    after = replace(state, health=MappingProxyType(health))
+    word = "up" if up else "down"
+    if after.switching is not None:  # P4
+        return PlaneDecision(after, None, f"plane {plane} {word} on {node} during a switch")
+    if up or plane != after.active:  # P1
+        return PlaneDecision(after, None, f"plane {plane} {word} on {node}")
+    return _failover(after, f"plane {plane} down on {node}", config)
+
+
+def _failover(state: Planes, what: str, config: PlaneConfig) -> PlaneDecision:
+    if not config.enabled:  # P3
+        return PlaneDecision(state, None, f"{what}; link failover is off (MS_ENABLE_TFT TSP:0)")
+    to = next((p for p in state.names if p != state.active and state.healthy(p)), None)
+    if to is None:  # P3
+        return PlaneDecision(state, None, f"{what}; no other plane is up on every node")
+    return PlaneDecision(  # P2
+        replace(state, switching=to),
+        SwitchPlane(to=to, planned=False, reason=f"{what}: failover to plane {to}"),
+        f"{what}: failover to plane {to}",
+    )
+
+
+def _tick(state: Planes, now: float, config: PlaneConfig) -> PlaneDecision:
+    if state.switching is not None or not config.enabled:
+        return PlaneDecision(state, None, "")
+    if not state.healthy(state.active) and state.nodes():  # P6
+        down = ", ".join(state.down_on(state.active))
+        return _failover(state, f"plane {state.active} down on {down}", config)
+    preferred = state.names[0]
+    if state.active == preferred or state.pinned:
+        return PlaneDecision(state, None, "")
+    since = state.healthy_since(preferred)
+    if since is None or now - since < config.hold_s:
+        return PlaneDecision(state, None, "")
+    reason = (
+        f"plane {preferred} up on every node for {now - since:.1f} s "
+        f"(hold {config.hold_s:g} s): switchback"
+    )
+    return PlaneDecision(  # P5
+        replace(state, switching=preferred),
+        SwitchPlane(to=preferred, planned=True, reason=reason),
+        reason,
+    )
+
+
+def _command(state: Planes, to: str) -> PlaneDecision:
+    why = ""
+    if to not in state.names:
+        why = f"plane {to!r} is not one of the job's ({', '.join(state.names)})"
+    elif state.switching is not None:
+        why = f"a switch to plane {state.switching} is under way"
+    elif to == state.active:
+        why = f"plane {to} is already active"
+    elif not state.healthy(to):
+        down = ", ".join(state.down_on(to)) or "a node that has not reported it"
+        why = f"plane {to} is down on {down}"
+    if why:
+        return PlaneDecision(state, None, why, refused=True)
+    reason = f"operator command: switch to plane {to}"
+    return PlaneDecision(  # P7
+        replace(state, switching=to, pinned=to != state.names[0]),
+        SwitchPlane(to=to, planned=True, reason=reason),
+        reason,
+    )
+
+
+__all__ = [
+    "SWITCHBACK_HOLD_S_DEFAULT",
+    "PlaneCommand",
+    "PlaneConfig",
+    "PlaneDecision",
+    "PlaneEvent",
+    "PlaneHealth",
+    "PlaneReported",
+    "PlaneSwitched",
+    "PlaneTick",
+    "Planes",
+    "SwitchPlane",
+    "decide_plane",
+]
