@@ -16,6 +16,15 @@ from pathlib import Path
 from unbroken.operator import Plan, PodPlan, plan
 from unbroken.spec import JobSpec, SpecError, load_cluster, load_job
 
+#: The rungs that keep healthy ranks in their processes, and the state each needs.
+IN_PROCESS_RUNGS = ("retry", "recover-in-place", "recover", "dump")
+IN_PROCESS_NOTE = (
+    "in process only where every rank's state has a replica on another rank, as each rank's "
+    "session declares when it starts (its heartbeat's recoverable flag): DDP, and HSDP with 2 "
+    "or more replica groups (dump: DDP only, last words need the whole state on one rank); "
+    "FSDP2 with one copy of each shard and ZeRO skip them for the checkpoint rung"
+)
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -110,6 +119,9 @@ def render(result: Plan) -> str:
         f"{fh.sub_healthy.value}; decision wait {fh.decision_wait_s:g} s; "
         f"max_restarts {fh.max_restarts}; monitor_interval {fh.monitor_interval_s:g} s"
     )
+    in_process = [r for r in result.ladder if r in IN_PROCESS_RUNGS]
+    if in_process:
+        out.append(f"  {', '.join(in_process)}: {IN_PROCESS_NOTE}")
     out.append("")
     modes = sorted(
         {r.mode for r in result.required}, key=lambda m: [r.mode for r in result.required].index(m)

@@ -84,6 +84,8 @@ def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "recovery ladder (tried in this order):" in out
     assert "  1. retry\n  2. recover  (waits 120 s for the replacement pod)\n  3. dump\n" in out
+    # Which of them run in process depends on the parallelism the ranks declare when they start.
+    assert "  retry, recover, dump: in process only where every rank's state has a replica" in out
     assert (
         "  6. job-rescheduling  (fault-scheduling grace, 600 s grace; fault-retry-times 2)" in out
     )
