@@ -1,5 +1,6 @@
 """Run ``examples/train_mlp.py`` unchanged, with a per-step progress log the benchmark reads.
 
+With ``--parallel zero|fsdp|hsdp`` it runs ``examples/train_sharded.py`` (sharded state) instead.
 With ``--virtual-ranks V`` it runs ``examples/train_elastic.py --virtual-ranks V`` instead: the
 same MLP, batches and arguments, trained by ``V`` virtual data-parallel ranks that the
 processes host between them, so a run that scaled in and out ends with the model of a run
@@ -41,6 +42,7 @@ from typing import TextIO
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "train_mlp.py"
 ELASTIC_EXAMPLE = EXAMPLES / "train_elastic.py"
+SHARDED_EXAMPLE = EXAMPLES / "train_sharded.py"  # --parallel zero|fsdp|hsdp
 LOG_DIR = Path("steplog")
 KILL = "BENCH_KILL"
 
@@ -84,7 +86,10 @@ def example(argv: list[str]) -> Path:
     """The example that ``argv`` (this script's arguments, passed through) runs."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--virtual-ranks", type=int, default=0)
+    p.add_argument("--parallel", default=None)
     known, _ = p.parse_known_args(argv)
+    if known.parallel is not None:
+        return SHARDED_EXAMPLE
     return ELASTIC_EXAMPLE if known.virtual_ranks > 0 else EXAMPLE
 
 

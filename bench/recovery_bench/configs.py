@@ -85,6 +85,14 @@ CONFIGS: tuple[Config, ...] = (
         script_args=(f"--virtual-ranks={WORLD}",),
         baseline="unbroken-vranks",
     ),
+    Config(
+        "unbroken-hsdp-recover-in-place",
+        "Unbroken recover-in-place, HSDP 2x2",
+        "unbroken",
+        "recover-in-place.yaml",
+        script_args=("--parallel=hsdp",),
+        baseline="unbroken-hsdp",
+    ),
     Config("torchrun", "torchrun (defaults)", "torchrun"),
     Config(
         "torchrun-nss",
@@ -103,6 +111,13 @@ BASELINES: tuple[Config, ...] = (
         "elastic.yaml",
         cluster="cluster-no-spare.yaml",
         script_args=(f"--virtual-ranks={WORLD}",),
+    ),
+    Config(
+        "unbroken-hsdp",
+        "Unbroken (job-level.yaml, HSDP 2x2, no fault)",
+        "unbroken",
+        "job-level.yaml",
+        script_args=("--parallel=hsdp",),
     ),
 )
 
