@@ -5,7 +5,8 @@ Two hosts (network namespaces, tests/e2e/netns_hosts.py), each with a veth on pl
 on plane B; the control plane (``unbroken serve``) listens on the root namespace's plane-B
 address, so the hosts' agents and the rendezvous store are reached over plane B, and each
 host's agent declares ``--plane a=pa0 --plane b=pb0``: the ranks' gloo collectives start on
-plane A.
+plane A. An operator then moves the job to plane B and back (``unbroken link failover``,
+``unbroken link switchback``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import FIXTURES, RUN_TIMEOUT_S, Reference, cli_env, digest, events, of_kind, wait_for
+from cli_runs import (
+    FIXTURES,
+    RUN_TIMEOUT_S,
+    Reference,
+    cli_env,
+    digest,
+    events,
+    of_kind,
+    unbroken,
+    wait_for,
+)
 from netns_hosts import PLANE_IFNAMES, Hosts, hosts
 from process_helpers import started_ranks
 
@@ -91,6 +102,14 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
             time.sleep(3.0)  # training goes on over plane B while A stays down
             h.set_link(1, up=True, plane=0)
             wait_for(lambda: said("switchback to plane a done"), "the switchback", 60.0)
+            # An operator moves the job to plane B (pinned there), then back.
+            res = unbroken("link", "failover", "--plane", "b", "--run", run_dir)
+            assert res.rc == 0 and "plane b active: step" in res.stdout, res.explain()
+            res = unbroken("link", "switchback", "--run", run_dir)
+            assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
+            res = unbroken("link", "switchback", "--run", run_dir)
+            assert res.rc == 1, res.explain()
+            assert res.stderr == "unbroken link switchback: plane a is already active\n"
             serve.wait(timeout=RUN_TIMEOUT_S)
             reader.join(timeout=10)
             err = serve.stderr.read() if serve.stderr else ""
@@ -105,10 +124,15 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
             evs = events(run_dir)
             [down] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=False)
             [_, up] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=True)
-            [failover] = of_kind(evs, "PlaneFailover")
-            [back] = of_kind(evs, "PlaneSwitchback")
-            switches = [(e["from_plane"], e["to"], e["planned"]) for e in (failover, back)]
-            assert switches == [("a", "b", False), ("b", "a", True)]
+            [failover, by_hand] = of_kind(evs, "PlaneFailover")
+            [back, by_hand_back] = of_kind(evs, "PlaneSwitchback")
+            switches = [
+                (e["from_plane"], e["to"], e["planned"])
+                for e in (failover, back, by_hand, by_hand_back)
+            ]
+            # The failover, the automatic switchback, the operator's failover and switchback.
+            expected = [("a", "b", False), ("b", "a", True), ("a", "b", True), ("b", "a", True)]
+            assert switches == expected
             assert 0 < failover["pause_s"] < 30 and 0 < back["pause_s"] < 30, (failover, back)
             assert back["generation"] == failover["generation"] + 1
             # A step committed over plane B while host 1's plane A was down.

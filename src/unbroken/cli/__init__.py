@@ -27,6 +27,7 @@ _COMMANDS: dict[str, str] = {
     "inject": "inject",
     "release": "release",
     "stress-test": "stress",
+    "link": "link",
 }
 
 

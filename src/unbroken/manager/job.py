@@ -121,7 +121,7 @@ def let_store_go(store: Any, wait_s: float = 0.0) -> None:
 TICK_S = 0.05
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
-_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release"})
+_PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release", "Link"})
 
 
 class ManagerError(RuntimeError):
@@ -464,6 +464,13 @@ class JobManager:
                     msg.reply.put({"ok": True, "round": round_, "detail": detail})
                 except ValueError as exc:
                     msg.reply.put({"ok": False, "error": str(exc)})
+            case "Link":  # unbroken link switchback / failover --plane NAME
+                assert msg.reply is not None
+                d = self.executor.planes.command(str(body.get("to") or ""), self.clock())
+                if d.refused:
+                    msg.reply.put({"ok": False, "error": d.reason})
+                else:
+                    msg.reply.put({"ok": True, "detail": d.reason})
             case method if method in (HELLO, HEARTBEAT, REPORT):
                 sender, report = decode_report(method, body)
                 match report:

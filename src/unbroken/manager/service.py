@@ -212,6 +212,7 @@ def build_server(
             REPORT: post(REPORT),
             "Inject": ask("Inject"),
             "StressTest": ask("StressTest"),
+            "Link": ask("Link"),
             "Release": ask("Release"),
             JOIN: registry.join,
             NODE_POD: registry.pod_report,

@@ -29,12 +29,14 @@ Decision table (row ids are the unit tests')
 - P6  ``PlaneTick`` with the active plane down somewhere and another healthy (a switch that
   failed, or a loss reported during a switch): as P2.
 - P7  ``PlaneCommand(to)``: an operator's switch. ``to`` empty means the preferred plane
-  (switchback). Refused with the reason when the plane is unknown, already active, not
-  healthy on every node, or a switch is under way. A switch away from the preferred plane
-  pins the job there (no automatic switchback) until a switchback command.
+  (switchback). Refused with the reason when link failover is off, the plane is unknown,
+  already active, not healthy on every node, or a switch is under way. A switch away from
+  the preferred plane pins the job there (no automatic switchback) until a switchback
+  command.
 - P8  ``PlaneSwitched(ok=True)``: the plane switched to is active. ``ok=False``: the switch is
   over, the active plane unchanged (the ladder had the faults).
-- P9  no planes declared: every event, nothing (single-plane jobs are as before).
+- P9  no planes declared: every event, nothing (single-plane jobs are as before); an
+  operator's command is refused, saying how planes are declared.
 """
 
 from __future__ import annotations
@@ -145,14 +147,15 @@ class PlaneConfig:
 def decide_plane(state: Planes, event: PlaneEvent, config: PlaneConfig) -> PlaneDecision:
     """The next plane state and the switch to make, if any (the table above)."""
     if not state.names:
-        return PlaneDecision(state, None, "no planes declared", refused=True)  # P9
+        why = "no network planes declared (unbroken launch --join ... --plane NAME=IFNAME)"
+        return PlaneDecision(state, None, why, refused=True)  # P9
     match event:
         case PlaneReported(node=node, plane=plane, up=up, at=at):
             return _reported(state, node, plane, up, at, config)
         case PlaneTick(now=now):
             return _tick(state, now, config)
         case PlaneCommand(to=to):
-            return _command(state, to or state.names[0])
+            return _command(state, to or state.names[0], config)
         case PlaneSwitched(to=to, ok=ok):
             done = replace(state, switching=None)
             if not ok:
@@ -215,9 +218,11 @@ def _tick(state: Planes, now: float, config: PlaneConfig) -> PlaneDecision:
     )
 
 
-def _command(state: Planes, to: str) -> PlaneDecision:
+def _command(state: Planes, to: str, config: PlaneConfig) -> PlaneDecision:
     why = ""
-    if to not in state.names:
+    if not config.enabled:
+        why = "link failover is off for this job (MS_ENABLE_TFT TSP:1 turns it on)"
+    elif to not in state.names:
         why = f"plane {to!r} is not one of the job's ({', '.join(state.names)})"
     elif state.switching is not None:
         why = f"a switch to plane {state.switching} is under way"

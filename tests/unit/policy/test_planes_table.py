@@ -113,6 +113,8 @@ def test_p7_operator_commands_switch_pin_and_are_refused_with_the_reason() -> No
     assert r.refused and r.reason == "plane b is down on n1"
     r = decide_plane(d.state, PlaneCommand(to="a", at=2.0), ON)
     assert r.refused and r.reason == "a switch to plane b is under way"
+    r = decide_plane(state, PlaneCommand(to="b", at=2.0), OFF)
+    assert r.refused and r.reason.startswith("link failover is off for this job")
 
 
 def test_p8_a_failed_switch_keeps_the_active_plane() -> None:
@@ -128,7 +130,8 @@ def test_p9_no_planes_declared_nothing_happens() -> None:
         PlaneCommand(to="", at=1.0),
     ):
         d = decide_plane(Planes(), event, ON)
-        assert d.command is None and d.state == Planes()
+        assert d.command is None and d.state == Planes() and d.refused
+    assert d.reason.startswith("no network planes declared (unbroken launch --join")
 
 
 def test_every_row_of_the_docstring_has_a_test() -> None:

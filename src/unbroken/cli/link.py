@@ -1,0 +1,81 @@
+"""``unbroken link switchback`` / ``unbroken link failover --plane NAME``: move a running job's
+collectives between network planes, through its control plane (authenticated with the run's
+secret).
+
+``switchback`` returns the job to its preferred plane (the first each host declared with
+``--plane``) and lets automatic switchbacks happen again; ``failover --plane NAME`` moves it to
+another plane that is up on every node, and pins it there (no automatic switchback) until a
+``switchback``. Either way every rank stops at its next step boundary and regroups over the
+plane in its own process. The command waits until the first step on the new plane is committed
+and prints the pause. Exit 0 once it is; 1 when the control plane refuses (the reason: an
+unknown plane, one down on a node, already active, a switch under way, link failover not
+declared) or the switch does not finish within ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from unbroken.cli.control import call_run
+from unbroken.cli.rundir import RunDirError, find_run
+from unbroken.ledger import Ledger, LedgerError, PlaneFailover, PlaneSwitchback
+
+METHOD = "Link"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("link", help="switch a running job's collectives between network planes")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    back = actions.add_parser("switchback", help="back to the preferred plane")
+    fail = actions.add_parser("failover", help="to another plane, pinned there")
+    fail.add_argument("--plane", required=True, help="the plane to move to")
+    for a in (back, fail):
+        a.add_argument("--run", type=Path, default=None, help="run directory (default: newest)")
+        a.add_argument(
+            "--timeout", type=float, default=60.0, help="seconds to wait for the first step"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    command = f"link {args.action}"
+    try:
+        run_dir = find_run(args.run)
+        ledger = Ledger(run_dir / "ledger.db", create=False)
+    except (RunDirError, LedgerError) as exc:
+        print(f"unbroken {command}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        last = max((r.id for r in ledger.events(kinds=_KINDS)), default=0)
+        to = str(getattr(args, "plane", "") or "")
+        reply = call_run(command, run_dir, METHOD, {"to": to})
+        if reply is None:
+            return 1
+        print(str(reply.get("detail", "")), flush=True)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            for rec in ledger.events(since_id=last, kinds=_KINDS):
+                last = rec.id
+                d = rec.data
+                if d["planned"] and (not to or d["to"] == to):
+                    print(
+                        f"plane {d['to']} active: step {d['step']} committed by generation "
+                        f"{d['generation']}; training stood still {d['pause_s']:.2f} s"
+                    )
+                    return 0
+            st = ledger.status()
+            if st is not None and st.phase.finished:
+                print(f"unbroken {command}: the job ended ({st.phase})", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    finally:
+        ledger.close()
+    print(
+        f"unbroken {command}: no step on the new plane within {args.timeout:.0f} s", file=sys.stderr
+    )
+    return 1
+
+
+_KINDS = [PlaneFailover.kind, PlaneSwitchback.kind]
