@@ -67,19 +67,16 @@ def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
 
 # -- HSDP: the shards have replicas, so the in-process rungs take the fault ----------------------
 
-HSDP_JOB = {
-    "../../../examples/train_sharded.py": str(REPO / "examples" / "train_sharded.py"),
-    "--parallel=fsdp": "--parallel=hsdp",  # 2 replica groups of 2 ranks: {0, 1} and {2, 3}
-}
-LADDER = 'recover-strategy: "retry,recover-in-place,recover,dump"'
-SHARDED_WORKER = "e2e-sharded-worker-0"
+HSDP = FIXTURES / "sharded-hsdp.yaml"  # recover-in-place; replica groups {0, 1} and {2, 3}
+HSDP_SCRIPT = {"../../../examples/train_sharded.py": str(REPO / "examples" / "train_sharded.py")}
+HSDP_WORKER = "e2e-hsdp-worker-0"
 
 
 @pytest.fixture(scope="module")
 def hsdp_fault_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """The HSDP job run once without faults (every faulted HSDP run must end with its model)."""
     base = tmp_path_factory.mktemp("hsdp-fault-free")
-    job = write_job(base / "job.yaml", job=SHARDED, replace=HSDP_JOB)
+    job = write_job(base / "job.yaml", job=HSDP, replace=HSDP_SCRIPT)
     res = run_job(base / "run", job=job)
     assert res.rc == 0 and "0 fault(s)" in res.stdout, res.explain()
     assert_no_processes_left(base / "run")
@@ -100,14 +97,10 @@ def assert_healthy_ranks_kept_their_processes(
 def test_hsdp_killed_rank_is_recovered_in_place_from_its_replica(
     run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
 ) -> None:
-    job = write_job(
-        tmp_path / "job.yaml",
-        job=SHARDED,
-        replace={**HSDP_JOB, LADDER: 'recover-strategy: "recover-in-place"'},
-    )
+    job = write_job(tmp_path / "job.yaml", job=HSDP, replace=HSDP_SCRIPT)
     res = run_job(run_dir, "--chaos", KILL, job=job)
     assert res.rc == 0, res.explain()
-    assert "job e2e-sharded: SUCCEEDED" in res.stdout, res.explain()
+    assert "job e2e-hsdp: SUCCEEDED" in res.stdout, res.explain()
     assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
 
     evs = events(run_dir)
@@ -115,16 +108,14 @@ def test_hsdp_killed_rank_is_recovered_in_place_from_its_replica(
     assert incident[0]["code"] == "signal:SIGKILL" and incident[0]["ranks"] == [3], incident[0]
     decision = incident[1]
     assert decision["strategy"] == "recover-in-place", decision
-    assert decision["commands"] == [f"RestartInPlace(pod='{SHARDED_WORKER}', ranks=(3,))"]
+    assert decision["commands"] == [f"RestartInPlace(pod='{HSDP_WORKER}', ranks=(3,))"]
     (loaded,) = of_kind(incident, "StateLoaded")
     # Rank 3's shard came from rank 1, its replica in the other replica group.
     assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[3])
     assert digest(run_dir) == hsdp_fault_free.digest
-    assert (
-        "state from rank" in (run_dir / "pods" / SHARDED_WORKER / "logs" / "rank3.log").read_text()
-    )
+    assert "state from rank" in (run_dir / "pods" / HSDP_WORKER / "logs" / "rank3.log").read_text()
 
 
 def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_group(
@@ -132,17 +123,17 @@ def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_gr
 ) -> None:
     job = write_job(
         tmp_path / "job.yaml",
-        job=SHARDED,
+        job=HSDP,
         replace={
-            **HSDP_JOB,
-            LADDER: 'recover-strategy: "recover"',
+            **HSDP_SCRIPT,
+            'recover-strategy: "recover-in-place"': 'recover-strategy: "recover"',
             'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"',
             "--step-sleep=0.02": "--step-sleep=0.05",  # the spare agent is up before step 25
         },
     )
     res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=job)
     assert res.rc == 0, res.explain()
-    assert "job e2e-sharded: SUCCEEDED" in res.stdout, res.explain()
+    assert "job e2e-hsdp: SUCCEEDED" in res.stdout, res.explain()
     assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
 
     evs = events(run_dir)
@@ -151,7 +142,7 @@ def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_gr
     assert fault["source"] == "node-lost" and fault["ranks"] == [2, 3], fault
     decision = incident[1]
     assert decision["strategy"] == "recover", decision
-    assert of_kind(incident, "ProcessesStarted", pod=SHARDED_WORKER, node="node-2", generation=1)
+    assert of_kind(incident, "ProcessesStarted", pod=HSDP_WORKER, node="node-2", generation=1)
     (loaded,) = of_kind(incident, "StateLoaded")
     # The whole replica group {2, 3} was lost: each shard came from its holder in {0, 1}.
     assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, fault["step"], "replica")
