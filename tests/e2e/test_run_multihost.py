@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _token_file(tmp_path: Path, secret: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -52,8 +53,16 @@ def _free_port() -> int:
 
 
 def _join(
-    h: Hosts, i: int, control: str, token: Path, node: str, env: dict[str, str] | None = None
+    h: Hosts,
+    i: int,
+    control: str,
+    token: Path,
+    node: str,
+    env: dict[str, str] | None = None,
+    private: Path | None = None,
 ) -> subprocess.Popen[str]:
+    """The host's agent in host i's namespace; with ``private``, that directory is the host's
+    own (an empty tmpfs over it in a mount namespace of its own)."""
     argv = [
         sys.executable,
         "-m",
@@ -66,6 +75,20 @@ def _join(
         "--node",
         node,
     ]
+    if private is not None:
+        private.mkdir(parents=True, exist_ok=True)
+        mount = 'mount -t tmpfs tmpfs "$0" && exec "$@"'
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            mount,
+            str(private),
+            *argv,
+        ]
     return subprocess.Popen(
         h.argv(i, argv),
         env=cli_env() if env is None else env,
@@ -179,9 +202,16 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
     """``unbroken serve`` on the root namespace's bridge address, a host agent per namespace
     (two for the pods, one spare), gloo over the bridge: the job trains to the fault-free run's
     model bit for bit, through a rank killed (recovered in place), host 1 lost (every process of
-    it killed: the pod moves to the spare host) or host 1's link down for 3 s."""
+    it killed: the pod moves to the spare host) or host 1's link down for 3 s.
+
+    In the killed-rank case the token is the user's (``--secret-file``), and each host's pods'
+    directory (agents' and ranks' logs, heartbeats, exit reports) is its own: a tmpfs mounted
+    over it in the host's mount namespace, so control needs no file shared with the control
+    plane's host (the job's checkpoints and result stay on the shared run directory)."""
     token = tmp_path / "token"
-    chaos = ["--chaos", str(FIXTURES / "kill-rank.yaml")] if fault == "killed-rank" else []
+    private = fault == "killed-rank"
+    chaos = ["--chaos", str(FIXTURES / "kill-rank.yaml")] if private else []
+    given = ["--secret-file", str(_token_file(tmp_path / "given", secrets.token_hex(16)))]
     with hosts(3) as h:
         control = f"{h.root_address()}:{_free_port()}"
         serve = subprocess.Popen(
@@ -199,6 +229,7 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
                 str(run_dir),
                 "--quiet",
                 *chaos,
+                *(given if private else []),
             ],
             env=cli_env(),
             stdout=subprocess.PIPE,
@@ -211,7 +242,8 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
             wait_for(lambda: (run_dir / "control.json").exists(), "the control plane", 60.0)
             for i in range(3):
                 env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0]}
-                agents.append(_join(h, i, control, token, f"node-{i}", env))
+                own = run_dir / "pods" if private else None
+                agents.append(_join(h, i, control, token, f"node-{i}", env, own))
             if fault in ("lost-host", "downed-link"):
                 wait_for(lambda: _checkpointed(run_dir), "a checkpoint", 120.0)
                 if fault == "lost-host":
@@ -229,6 +261,9 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
                 a.wait(timeout=30)
                 assert a.returncode == (-signal.SIGKILL if fault == "lost-host" and i == 1 else 0)
             assert digest(run_dir) == fault_free.digest
+            if private:  # the serving host's tree saw none of the hosts' pod files
+                assert not list((run_dir / "pods").rglob("*")), list((run_dir / "pods").rglob("*"))
+                assert token.read_text().strip() == given_secret(given)
             if fault == "lost-host":  # host 1's pod went to the spare host, node-2
                 placed = [(e["pod"], e["node"]) for e in of_kind(events(run_dir), "PodPlaced")]
                 assert len(placed) > 2 and placed[-1][1] == "node-2", placed
@@ -273,3 +308,7 @@ def test_serve_where_it_cannot_listen_says_so_in_one_line(
     assert done.stderr.startswith(f"unbroken serve: {why}") and done.stderr.count("\n") == 1, (
         done.stderr
     )
+
+
+def given_secret(args: list[str]) -> str:
+    return Path(args[1]).read_text().strip()

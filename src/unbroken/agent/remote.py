@@ -111,19 +111,19 @@ def route_address(host: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
-def read_token(path: Path) -> str:
+def read_token(path: Path, flag: str = "--token-file") -> str:
+    """The token in ``path``, a file only its owner may read (``flag`` names it in errors)."""
     try:
         st = path.stat()
         text = path.read_text().strip()
     except OSError as exc:
-        raise JoinError(f"--token-file {path}: {exc.strerror or exc}") from None
+        raise JoinError(f"{flag} {path}: {exc.strerror or exc}") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise JoinError(
-            f"--token-file {path}: readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-            "chmod 600 it"
+            f"{flag} {path}: readable by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
         )
     if not text:
-        raise JoinError(f"--token-file {path}: empty")
+        raise JoinError(f"{flag} {path}: empty")
     return text
 
 
@@ -166,6 +166,8 @@ def _run_order(
     pod = str(order["pod"])
     log_path = Path(str(order["log"]))
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The run directory's path on this host: made here, not shared with the control plane's.
+    Path(str(order["cwd"])).mkdir(parents=True, exist_ok=True)
     env = {str(k): str(v) for k, v in dict(order["env"]).items()}  # type: ignore[call-overload]
     # This host's choices of interface (GLOO_SOCKET_IFNAME=...) win over the control plane's.
     env.update({k: v for k, v in os.environ.items() if k.endswith("_SOCKET_IFNAME")})

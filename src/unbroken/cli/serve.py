@@ -4,7 +4,9 @@ job whose nodes are other hosts.
 The same job manager as ``unbroken run``, listening where the user asks, with no embedded
 cluster: the cluster's nodes are ``node-0`` .. ``node-N-1``, and each is a host whose agent joins
 with ``unbroken launch --join ADDR:PORT --token-file TOKEN --node node-I``. The token (the run's
-secret) is written, mode 0600, to ``--token-file`` (default: ``token`` in the run directory).
+secret) is written, mode 0600, to ``--token-file`` (default: ``token`` in the run directory);
+with ``--secret-file F`` the token in ``F`` is used instead of a new one (the operator's
+control-plane pod: the job's Secret, which its host pods mount too).
 The rendezvous stores listen on the same address; torch's TCPStore has no authentication, so
 that address must be one only the job's hosts reach (a private network).
 """
@@ -17,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from unbroken.agent.remote import JoinError, read_token
 from unbroken.chaos import ChaosError, ChaosFault, load_chaos
 from unbroken.cli.run import _terminate_as_interrupt, build_layout
 from unbroken.cli.rundir import RunDirError, claim_run_dir
@@ -41,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help=f"where the control plane listens (default 127.0.0.1:{DEFAULT_PORT})",
     )
     p.add_argument("--token-file", type=Path, default=None, help="default: RUN_DIR/token")
+    p.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="use the token in this file (mode 0600 or 0400) rather than making one",
+    )
     p.add_argument("--chaos", type=Path, default=None, help="faults to inject (YAML)")
     p.add_argument("--run-dir", type=Path, default=None, help="default: runs/<job>-<time>")
     p.add_argument("--agent-timeout", type=float, default=2.0, help="s before a node is lost")
@@ -81,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
         layout = build_layout(job, cluster, Path("."))
     except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
+    secret = None
+    if args.secret_file is not None:
+        try:
+            secret = read_token(args.secret_file, "--secret-file")
+        except JoinError as exc:
+            return _fail(str(exc))
     nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
     chaos: tuple[ChaosFault, ...] = ()
     if args.chaos is not None:
@@ -114,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
             manager = JobManager(layout, cl, run_dir, ledger, chaos, opts, console)
             manager.listen = listen
             manager.executor.remote_nodes = NodeRegistry()
+            if secret is not None:
+                manager.use_secret(secret)
             token = args.token_file or run_dir / "token"
             write_token(token, manager.secret)
         except (LedgerError, ManagerError, CodeTableError, OSError) as exc:

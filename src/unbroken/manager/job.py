@@ -240,6 +240,12 @@ class JobManager:
         self.open_store()
         return self.generation
 
+    def use_secret(self, secret: str) -> None:
+        """Take ``secret`` as the run's token instead of the one made at construction: the
+        token the hosts were given (``unbroken serve --secret-file``). Before :meth:`run`."""
+        self.secret = secret
+        self.executor.secret = secret
+
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
         # First: the node image imports torch while the rest of the start goes on.

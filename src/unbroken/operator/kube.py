@@ -34,6 +34,7 @@ operator restart keeps what was spent.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import threading
@@ -47,6 +48,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from unbroken.faults import CodeTable, Fault
+from unbroken.operator import controlplane
 from unbroken.operator.plan import Plan, PodPlan, plan
 from unbroken.operator.reschedule import (
     DEVICE_HEALTH,
@@ -81,6 +83,14 @@ _FOREIGN_ANNOTATIONS = ("kopf.zalando.org/", "kubectl.kubernetes.io/", "unbroken
 def job_spec(body: dict[str, Any]) -> JobSpec:
     """The job as ``unbroken plan`` reads it; raises :class:`SpecError`."""
     meta = body.get("metadata", {})
+    source = Path(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+    return parse_job(yaml.safe_dump(job_document(body), sort_keys=False), source)
+
+
+def job_document(body: dict[str, Any]) -> dict[str, Any]:
+    """The job's YAML document as the user wrote it: without what the API server and the
+    operators added (status, uid, kopf's and kubectl's annotations)."""
+    meta = body.get("metadata", {})
     annotations = {
         k: v
         for k, v in (meta.get("annotations") or {}).items()
@@ -96,8 +106,7 @@ def job_spec(body: dict[str, Any]) -> JobSpec:
         doc["metadata"]["labels"] = meta["labels"]
     if annotations:
         doc["metadata"]["annotations"] = annotations
-    source = Path(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
-    return parse_job(yaml.safe_dump(doc, sort_keys=False), source)
+    return doc
 
 
 def job_plan(job: JobSpec) -> Plan:
@@ -274,6 +283,20 @@ class Operator:
                 ns, _model(kubernetes.client.V1Service, service_manifest(raw, p))
             )
         )
+        if controlplane.wanted(job):
+            pods = self._create_control_plane(raw, p)
+            patch.status["phase"] = "Created"
+            patch.status["reschedules"] = 0
+            patch.status["pods"] = list(pods)
+            patch.status["conditions"] = [
+                condition(
+                    "Created",
+                    "ControlPlaneCreated",
+                    f"control plane {pods[0]} and {len(pods) - 1} host pod(s) for "
+                    f"{len(p.pods)} pod(s) of the job: its process-level rungs run there",
+                )
+            ]
+            return
         for pod in p.pods:
             self._create_pod(ns, pod_manifest(raw, p, pod))
         patch.status["phase"] = "Created"
@@ -292,6 +315,10 @@ class Operator:
         if owner is None:
             return
         ns, name = meta["namespace"], meta["name"]
+        role = (meta.get("labels") or {}).get(controlplane.ROLE)
+        if role is not None:
+            self._control_plane_pod_event(ns, owner, name, role, str(event["type"]), pod)
+            return
         replacing = REPLACING in (meta.get("annotations") or {})
         phase = (pod.get("status") or {}).get("phase")
         node = (pod.get("spec") or {}).get("nodeName")
@@ -305,6 +332,75 @@ class Operator:
             self._lost(ns, owner, PodLost(name, Loss.FAILED, detail, node))
         elif phase == "Running":
             self._maybe_running(ns, owner)
+
+    # --- a job with its own control plane (unbroken.operator.controlplane) ---
+
+    def _create_control_plane(self, raw: dict[str, Any], p: Plan) -> tuple[str, ...]:
+        ns = raw["metadata"]["namespace"]
+        owner = _owner(raw)
+        token = controlplane.make_token()
+        secret = controlplane.secret_manifest(raw, token, owner)
+        config = controlplane.config_manifest(raw, job_document(raw), p, owner)
+        self._create(
+            lambda: self.core.create_namespaced_secret(
+                ns, _model(kubernetes.client.V1Secret, secret)
+            )
+        )
+        self._create(
+            lambda: self.core.create_namespaced_config_map(
+                ns, _model(kubernetes.client.V1ConfigMap, config)
+            )
+        )
+        control, hosts = controlplane.names(p.job.name, p.cluster.nodes)
+        self._create_pod(ns, controlplane.control_pod(raw, p, owner))
+        for host in hosts:
+            self._create_pod(ns, controlplane.host_pod(raw, p, host, owner))
+        return (control, *hosts)
+
+    def _control_plane_pod_event(
+        self, ns: str, job_name: str, pod: str, role: str, kind: str, body: dict[str, Any]
+    ) -> None:
+        """The operator as the kubelet of the job's hosts: a host pod that ends or goes is made
+        again (it joins again as the same node, and the job's control plane decides what its
+        pods do); the job's phase follows the control-plane pod."""
+        phase = (body.get("status") or {}).get("phase")
+        job = self._job(ns, job_name)
+        if job is None:
+            return
+        status = job.get("status") or {}
+        conditions = list(status.get("conditions") or [])
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        if role == controlplane.CONTROL:
+            if phase == "Succeeded":
+                new = condition("Succeeded", "ControlPlaneSucceeded", f"{pod} ended: succeeded")
+                self._status(ns, job_name, "Succeeded", conditions, new)
+            elif phase == "Failed" or kind == "DELETED":
+                why = "deleted" if kind == "DELETED" else "failed (see its log for the reason)"
+                new = condition("Failed", "ControlPlaneEnded", f"{pod} {why}")
+                self._status(ns, job_name, "Failed", conditions, new)
+            elif phase == "Running":
+                self._maybe_running(ns, job_name)
+            return
+        if kind == "DELETED":
+            self._create_pod(
+                ns, controlplane.host_pod(job, job_plan(job_spec(job)), pod, _owner(job))
+            )
+            attempt = int(status.get("reschedules", 0)) + 1
+            message = f"host pod {pod} made again; it joins the control plane as before"
+            self._status(
+                ns,
+                job_name,
+                status.get("phase") or "Running",
+                conditions,
+                condition("Rescheduled", "HostPodReplaced", message),
+                reschedules=attempt,
+            )
+        elif phase in ("Failed", "Succeeded"):
+            with contextlib.suppress(ApiException):  # gone already: its deletion makes it again
+                self.core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+        elif phase == "Running":
+            self._maybe_running(ns, job_name)
 
     # --- nodes ---
 

@@ -8,6 +8,7 @@ pod deleted for its controller to make again, or a RestartJob / TerminateJob bus
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,8 @@ SEED = Path(__file__).resolve().parents[2] / "fixtures" / "seed"
 JOBS = kmock.resource("mindxdl.gitee.com", "v1", "ascendjobs")
 PODS = kmock.resource("", "v1", "pods")
 SERVICES = kmock.resource("", "v1", "services")
+SECRETS = kmock.resource("", "v1", "secrets")
+CONFIGMAPS = kmock.resource("", "v1", "configmaps")
 NODES = kmock.resource("", "v1", "nodes")
 VCJOBS = kmock.resource("batch.volcano.sh", "v1alpha1", "jobs")
 COMMANDS = kmock.resource("bus.volcano.sh", "v1alpha1", "commands")
@@ -60,6 +63,12 @@ async def operator_on_kmock() -> AsyncIterator[Any]:
         )
         k8s.resources["v1/services"] = kmock.ResourceInfo(
             kind="Service", namespaced=True, verbs={"list", "get", "create"}
+        )
+        k8s.resources["v1/secrets"] = kmock.ResourceInfo(
+            kind="Secret", namespaced=True, verbs={"get", "create"}
+        )
+        k8s.resources["v1/configmaps"] = kmock.ResourceInfo(
+            kind="ConfigMap", namespaced=True, verbs={"get", "create"}
         )
         # Volcano's job and bus command resources (its CRDs, and its controller, are not here:
         # the tests make a Volcano job's pods as its controller would).
@@ -558,3 +567,92 @@ def test_volcano_jobs_without_fault_scheduling_are_left_alone_and_bad_ones_are_f
         assert live(k8s, PODS, "not-ours-worker-0") is not None and not commands_of(k8s)
 
     run(scenario)
+
+
+# --- a job with its own control plane ---------------------------------------------------------
+
+
+def test_a_job_with_process_level_rungs_gets_its_control_plane_and_host_pods() -> None:
+    """``recover`` needs agents: the operator makes the job's control plane (``unbroken serve``
+    with the job, its cluster and a token from a Secret) and one host pod per node of the
+    cluster joining it; a host pod that fails is made again; the job ends with the control
+    plane."""
+
+    async def scenario(k8s: Any) -> None:
+        body = seed_job("process-recover")
+        name = body["metadata"]["name"]
+        await create(k8s, body)
+        job = await until(
+            lambda: phase_of(k8s, JOBS, name) == "Created" and live(k8s, JOBS, name), "Created"
+        )
+        control, hosts = f"{name}-control", [f"{name}-node-{i}" for i in range(3)]
+        assert job["status"]["pods"] == [control, *hosts]  # 2 pods of the job, 1 spare host
+        (created,) = job["status"]["conditions"]
+        assert created["reason"] == "ControlPlaneCreated"
+        secret = await until(lambda: live(k8s, SECRETS, f"{name}-unbroken"), "the Secret")
+        token = base64.b64decode(secret["data"]["token"]).decode().strip()
+        assert len(token) == 32 and int(token, 16) >= 0
+        config = await until(lambda: live(k8s, CONFIGMAPS, f"{name}-unbroken"), "the ConfigMap")
+        # The job as the operator read it, which `unbroken serve` reads the same way.
+        served = load_job_text(config["data"]["job.yaml"])
+        assert served.name == name and served.world_size == 4
+        assert yaml.safe_load(config["data"]["cluster.yaml"]) == {
+            "nodes": 3,
+            "devicesPerNode": 2,
+        }
+        pod = await until(lambda: live(k8s, PODS, control), "the control-plane pod")
+        (c,) = pod["spec"]["containers"]
+        assert c["command"][:2] == ["unbroken", "serve"]
+        assert c["command"][c["command"].index("--listen") + 1] == "$(POD_IP):29400"
+        assert c["command"][c["command"].index("--secret-file") + 1] == "/etc/unbroken/token/token"
+        assert "resources" not in c  # the control plane holds no device
+        assert pod["metadata"]["labels"]["unbroken.dev/role"] == "control-plane"
+        for i, host in enumerate(hosts):
+            got = await until(lambda host=host: live(k8s, PODS, host), host)
+            (h,) = got["spec"]["containers"]
+            assert h["command"] == [
+                "unbroken",
+                "launch",
+                "--join",
+                f"{control}.{name}:29400",
+                "--token-file",
+                "/etc/unbroken/token/token",
+                "--node",
+                f"node-{i}",
+                "--devices",
+                "2",
+            ]
+            assert "args" not in h and h["image"] == "train:latest"
+            assert (got["spec"]["hostname"], got["spec"]["subdomain"]) == (host, name)
+            (token_volume,) = [v for v in got["spec"]["volumes"] if "secret" in v]
+            assert token_volume["secret"] == {"secretName": f"{name}-unbroken", "defaultMode": 256}
+        for pod_name in (control, *hosts):
+            await set_phase(k8s, pod_name, "Running")
+        await until(lambda: phase_of(k8s, JOBS, name) == "Running", "Running")
+        # A host that fails is made again under its name: it joins as the same node.
+        await set_phase(k8s, hosts[1], "Failed", "Error")
+        await until(
+            lambda: live(k8s, PODS, hosts[1]) and phase_of(k8s, PODS, hosts[1]) is None, "new"
+        )
+        job = await until(
+            lambda: (
+                (live(k8s, JOBS, name) or {}).get("status", {}).get("reschedules") == 1
+                and live(k8s, JOBS, name)
+            ),
+            "1 host replaced",
+        )
+        (resched,) = [c for c in job["status"]["conditions"] if c["type"] == "Rescheduled"]
+        assert resched["reason"] == "HostPodReplaced"
+        assert [phase_of(k8s, PODS, h) for h in (hosts[0], hosts[2])] == ["Running", "Running"]
+        # The operator decided nothing for the job's pods: no planned pod was made.
+        assert live(k8s, PODS, f"{name}-master-0") is None
+        await set_phase(k8s, control, "Succeeded")
+        await until(lambda: phase_of(k8s, JOBS, name) == "Succeeded", "Succeeded")
+
+    run(scenario)
+
+
+def load_job_text(text: str) -> Any:
+    from unbroken.spec import parse_job
+
+    return parse_job(text, Path("job.yaml"))
