@@ -30,6 +30,7 @@ from cli_runs import (
     digest,
     events,
     of_kind,
+    status,
     unbroken,
     wait_for,
 )
@@ -140,6 +141,10 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
             # Every rank's process was started once: both switches regrouped in process.
             assert started_ranks(evs) == [0, 1, 2, 3]
             assert not of_kind(evs, "FaultDetected")
+            st = status(run_dir)
+            assert st is not None
+            planes = {k: st["planes"][k] for k in ("active", "failovers", "switchbacks", "down")}
+            assert planes == {"active": "a", "failovers": 2, "switchbacks": 2, "down": []}
             assert digest(run_dir) == fault_free.digest
         finally:
             for p in (serve, *agents):

@@ -17,11 +17,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from unbroken.cli.control import call_run
 from unbroken.cli.rundir import RunDirError, find_run
-from unbroken.ledger import Ledger, LedgerError, PlaneFailover, PlaneSwitchback
+from unbroken.ledger import (
+    Ledger,
+    LedgerError,
+    PlaneChanged,
+    PlaneFailover,
+    PlaneSwitchback,
+    Record,
+)
 
 METHOD = "Link"
 
@@ -79,3 +88,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 _KINDS = [PlaneFailover.kind, PlaneSwitchback.kind]
+
+
+def planes_summary(records: Sequence[Record]) -> dict[str, Any] | None:
+    """The run's network planes from its ledger (None when none was reported): the active
+    plane, the switches and the pause they cost, and where a plane is down now."""
+    health: dict[tuple[str, str], bool] = {}
+    switches: list[dict[str, Any]] = []
+    first = ""
+    for r in records:
+        if r.kind == PlaneChanged.kind:
+            first = first or str(r.data["plane"])
+            health[(str(r.data["node"]), str(r.data["plane"]))] = bool(r.data["up"])
+        elif r.kind in _KINDS:
+            switches.append({"kind": r.kind, **r.data})
+    if not health:
+        return None
+    return {
+        "active": str(switches[-1]["to"]) if switches else first,
+        "failovers": sum(s["kind"] == PlaneFailover.kind for s in switches),
+        "switchbacks": sum(s["kind"] == PlaneSwitchback.kind for s in switches),
+        "paused_s": sum(float(s["pause_s"]) for s in switches),
+        "down": sorted(f"{p} on {n}" for (n, p), up in health.items() if not up),
+    }
+
+
+def planes_line(summary: dict[str, Any]) -> str:
+    line = (
+        f"{summary['active']} active; {summary['failovers']} failover(s), "
+        f"{summary['switchbacks']} switchback(s), training paused {summary['paused_s']:.2f} s"
+    )
+    if summary["down"]:
+        line += "; down: " + ", ".join(summary["down"])
+    return line

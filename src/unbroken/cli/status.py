@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from unbroken.cli.link import planes_line, planes_summary
 from unbroken.cli.rundir import RunDirError, find_run, is_live
 from unbroken.ledger import (
     DeviceIsolated,
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         data["goodput"] = gp.to_json()
         data["stress_tests"] = [r.data for r in records if r.kind == StressTestFinished.kind]
         data["pool"] = pool(records)
+        data["planes"] = planes_summary(records)
         print(json.dumps(data, indent=2))
         return 0
     total = f"/{st.total_steps}" if st.total_steps else ""
@@ -71,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     stress = _stress_line(records)
     if stress:
         print(f"stress:      {stress}")
+    planes = planes_summary(records)
+    if planes is not None:
+        print(f"planes:      {planes_line(planes)}")
     for line in pool_lines(pool(records)):
         print(f"pool:        {line}")
     print(f"updated:     {age:.1f} s ago")

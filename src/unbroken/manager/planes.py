@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from unbroken.ledger import Ledger, PlaneChanged, PlaneFailover, PlaneSwitchback
 from unbroken.manager.console import Console
@@ -155,8 +155,13 @@ class PlaneSwitcher:
         before = self.state
         d = decide_plane(before, event, self.config)
         if d.command is not None and self._busy():
-            # A recovery or another rejoin holds the ranks: asked again on a later tick.
-            return PlaneDecision(before, None, "waiting for the recovery under way", refused=True)
+            if isinstance(event, PlaneCommand):
+                why = "a recovery or another pause of the ranks is under way; try again after it"
+                return PlaneDecision(before, None, why, refused=True)
+            # A recovery or another rejoin holds the ranks: the plane's health is kept, and a
+            # later tick decides the switch again (policy rows P5, P6).
+            self.state = replace(d.state, switching=None, pinned=before.pinned)
+            return PlaneDecision(self.state, None, f"{d.reason}; waits for the recovery under way")
         self.state = d.state
         if d.command is not None:
             self._carry_out(d.command, before.active, now)

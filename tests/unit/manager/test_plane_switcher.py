@@ -1,0 +1,116 @@
+"""The executor's side of link failover (``unbroken.manager.planes``): what it asks of the
+executor and what it writes to a real ledger, with the executor's calls recorded."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from unbroken.ledger import Ledger
+from unbroken.manager.console import Console
+from unbroken.manager.planes import SWITCH_TIMEOUT_S, PlaneSwitcher
+from unbroken.policy.planes import PlaneConfig
+
+
+class Executor:
+    """The calls the switcher makes, and whether a recovery holds the ranks."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.calls: list[tuple[str, object]] = []
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    led = Ledger(tmp_path / "ledger.db")
+    yield led
+    led.close()
+
+
+def _switcher(ledger: Ledger, ex: Executor, enabled: bool = True) -> PlaneSwitcher:
+    return PlaneSwitcher(
+        PlaneConfig(enabled=enabled, hold_s=5.0),
+        ledger,
+        Console(out=io.StringIO()),
+        busy=lambda: ex.busy,
+        cut=lambda plane: ex.calls.append(("cut", plane)),
+        begin=lambda now: ex.calls.append(("pause", now)),
+    )
+
+
+def _up(sw: PlaneSwitcher, at: float) -> None:
+    for node in ("node-0", "node-1"):
+        for plane in ("a", "b"):
+            sw.reported(node, plane, True, at, ("a", "b"))
+
+
+def _kinds(ledger: Ledger, kind: str) -> list[dict[str, object]]:
+    return [r.data for r in ledger.events(kinds=[kind])]
+
+
+def test_failover_then_switchback_are_carried_out_and_recorded(ledger: Ledger) -> None:
+    ex = Executor()
+    sw = _switcher(ledger, ex)
+    _up(sw, 100.0)
+    assert sw.active == "a" and ex.calls == []
+    sw.reported("node-1", "a", False, 110.0, ("a", "b"))
+    # The lost plane's connections are cut first, then the ranks pause.
+    assert ex.calls == [("cut", "a"), ("pause", 110.0)]
+    assert sw.rejoin_plane(3) == "b" and sw.rejoin_plane(4) == ""  # the next rejoin only
+    sw.committed(3, 110.6, 41)
+    assert sw.active == "b" and sw.switch is None
+    [rec] = _kinds(ledger, "PlaneFailover")
+    assert (rec["from_plane"], rec["to"], rec["planned"], rec["step"]) == ("a", "b", False, 41)
+    assert rec["pause_s"] == pytest.approx(0.6)
+
+    sw.reported("node-1", "a", True, 120.0, ("a", "b"))
+    sw.tick(124.9)
+    assert len(ex.calls) == 2  # held 4.9 s of 5
+    sw.tick(125.0)
+    assert ex.calls[2:] == [("pause", 125.0)]  # a switchback cuts nothing
+    assert sw.rejoin_plane(5) == "a"
+    sw.committed(5, 125.4, 60)
+    [back] = _kinds(ledger, "PlaneSwitchback")
+    assert (back["to"], back["planned"], back["generation"]) == ("a", True, 5)
+    downs = [e for e in _kinds(ledger, "PlaneChanged") if not e["up"]]
+    assert [(e["node"], e["plane"]) for e in downs] == [("node-1", "a")]
+
+
+def test_a_loss_during_a_recovery_fails_over_once_it_is_over(ledger: Ledger) -> None:
+    ex = Executor()
+    sw = _switcher(ledger, ex)
+    _up(sw, 100.0)
+    ex.busy = True
+    sw.reported("node-0", "a", False, 110.0, ("a", "b"))
+    sw.tick(110.5)
+    assert ex.calls == [] and sw.switch is None
+    refused = sw.command("b", 110.6)
+    assert refused.refused and "under way" in refused.reason
+    ex.busy = False
+    sw.tick(111.0)  # the plane's loss was kept: the failover happens now
+    assert ex.calls == [("cut", "a"), ("pause", 111.0)]
+
+
+def test_a_switch_that_commits_nothing_is_given_up(ledger: Ledger) -> None:
+    ex = Executor()
+    sw = _switcher(ledger, ex)
+    _up(sw, 100.0)
+    d = sw.command("b", 101.0)
+    assert not d.refused and ex.calls == [("pause", 101.0)]
+    sw.tick(101.0 + SWITCH_TIMEOUT_S + 1)
+    assert sw.switch is None and sw.active == "a"
+    assert not _kinds(ledger, "PlaneFailover")
+
+
+def test_failover_off_records_the_loss_and_leaves_the_ranks_alone(ledger: Ledger) -> None:
+    ex = Executor()
+    sw = _switcher(ledger, ex, enabled=False)
+    _up(sw, 100.0)
+    sw.reported("node-1", "a", False, 110.0, ("a", "b"))
+    sw.tick(200.0)
+    assert ex.calls == [] and sw.active == "a"
+    assert len(_kinds(ledger, "PlaneChanged")) == 5
+    assert sw.command("b", 201.0).reason.startswith("link failover is off")
