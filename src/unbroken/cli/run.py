@@ -16,6 +16,7 @@ import dataclasses
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -117,40 +118,77 @@ def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout
     )
 
 
-def run(args: argparse.Namespace) -> int:
+class InputError(Exception):
+    """Bad input: ``str()`` is what the user sees; ``spec`` when it is the spec's own message
+    (``file:line: field: problem`` lines), printed as it is."""
+
+    def __init__(self, message: str, *, spec: bool = False) -> None:
+        super().__init__(message)
+        self.spec = spec
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A job's input files, read and checked: nothing is started before this."""
+
+    job: JobSpec
+    cluster: ClusterSpec
+    layout: JobLayout
+    nodes: tuple[str, ...]
+    chaos: tuple[ChaosFault, ...]
+
+
+def read_inputs(job_path: Path, cluster_path: Path | None, chaos_path: Path | None) -> Inputs:
+    """The job, its cluster, the layout of its pods and the chaos schedule, every check made
+    (``unbroken run`` and ``unbroken serve``); warnings are printed. Raises
+    :class:`InputError`."""
     try:
-        job = load_job(args.job)
-        cluster = load_cluster(args.cluster, job)
+        job = load_job(job_path)
+        cluster = load_cluster(cluster_path, job)
     except SpecError as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
+        raise InputError(str(exc), spec=True) from None
     for w in (*job.warnings, *cluster.warnings):
         print(f"warning: {w}", file=sys.stderr)
-    # Everything is checked before the run directory is made: bad input leaves nothing behind.
     try:
         layout = build_layout(job, cluster, Path("."))
     except (ValueError, FileNotFoundError) as exc:
-        return _fail(str(exc))
-    if not 0 <= args.metrics_port <= 65535:
-        return _fail(f"--metrics-port {args.metrics_port}: expected a port from 0 to 65535")
+        raise InputError(str(exc)) from None
     nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
     chaos: tuple[ChaosFault, ...] = ()
-    if args.chaos is not None:
+    if chaos_path is not None:
         try:
-            chaos = load_chaos(args.chaos, layout.world_size, [p.name for p in layout.pods], nodes)
+            chaos = load_chaos(chaos_path, layout.world_size, [p.name for p in layout.pods], nodes)
         except ChaosError as exc:
-            return _fail(str(exc))
+            raise InputError(str(exc)) from None
+    return Inputs(job, cluster, layout, nodes, chaos)
+
+
+def fail_input(prog: str, exc: InputError) -> int:
+    print(str(exc) if exc.spec else f"unbroken {prog}: {exc}", file=sys.stderr)
+    return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    # Everything is checked before the run directory is made: bad input leaves nothing behind.
+    try:
+        inputs = read_inputs(args.job, args.cluster, args.chaos)
+    except InputError as exc:
+        return fail_input("run", exc)
+    if not 0 <= args.metrics_port <= 65535:
+        return _fail(f"--metrics-port {args.metrics_port}: expected a port from 0 to 65535")
     try:
         CodeTable.load(args.codes)
     except CodeTableError as exc:
         return _fail(str(exc))
     try:
-        lock = claim_run_dir(job.name, args.run_dir)
+        lock = claim_run_dir(inputs.job.name, args.run_dir)
     except RunDirError as exc:
         return _fail(str(exc))
     with lock, _terminate_as_interrupt() as stopped_by:
         try:
-            return _run_in(lock.path, args, layout, cluster, nodes, chaos)
+            return _run_in(
+                lock.path, args, inputs.layout, inputs.cluster, inputs.nodes, inputs.chaos
+            )
         except KeyboardInterrupt:
             return _fail(f"{stopped_by()}; every process of the run was stopped")
 

@@ -20,15 +20,14 @@ import sys
 from pathlib import Path
 
 from unbroken.agent.remote import JoinError, read_token
-from unbroken.chaos import ChaosError, ChaosFault, load_chaos
-from unbroken.cli.run import _terminate_as_interrupt, build_layout
+from unbroken.cli.run import InputError, _terminate_as_interrupt, fail_input, read_inputs
 from unbroken.cli.rundir import RunDirError, claim_run_dir
 from unbroken.faults import CodeTableError
 from unbroken.ledger import Ledger, LedgerError
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, ManagerOptions
 from unbroken.rpc import RpcError
-from unbroken.spec import HotReset, SpecError, load_cluster, load_job
+from unbroken.spec import HotReset
 
 DEFAULT_PORT = 29400
 
@@ -80,28 +79,25 @@ def write_token(path: Path, secret: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        job = load_job(args.job)
-        cluster = load_cluster(args.cluster, job)
-    except SpecError as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
+        inputs = read_inputs(args.job, args.cluster, args.chaos)
+    except InputError as exc:
+        return fail_input("serve", exc)
+    job, cluster, layout, nodes, chaos = (
+        inputs.job,
+        inputs.cluster,
+        inputs.layout,
+        inputs.nodes,
+        inputs.chaos,
+    )
     try:
         listen = _listen(args.listen)
-        layout = build_layout(job, cluster, Path("."))
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         return _fail(str(exc))
     secret = None
     if args.secret_file is not None:
         try:
             secret = read_token(args.secret_file, "--secret-file")
         except JoinError as exc:
-            return _fail(str(exc))
-    nodes = tuple(f"node-{i}" for i in range(cluster.nodes))
-    chaos: tuple[ChaosFault, ...] = ()
-    if args.chaos is not None:
-        try:
-            chaos = load_chaos(args.chaos, layout.world_size, [p.name for p in layout.pods], nodes)
-        except ChaosError as exc:
             return _fail(str(exc))
     try:
         lock = claim_run_dir(job.name, args.run_dir)
