@@ -323,15 +323,20 @@ class Operator:
         phase = (pod.get("status") or {}).get("phase")
         node = (pod.get("spec") or {}).get("nodeName")
         if event["type"] == "DELETED":
-            if replacing:
-                self._recreate(ns, owner, name)
-            else:
-                self._lost(ns, owner, PodLost(name, Loss.DELETED, node=node))
+            self._deleted(ns, owner, name, node, replacing)
         elif phase == "Failed" and not replacing:
             detail = (pod.get("status") or {}).get("reason") or ""
             self._lost(ns, owner, PodLost(name, Loss.FAILED, detail, node))
         elif phase == "Running":
             self._maybe_running(ns, owner)
+
+    def _deleted(self, ns: str, job_name: str, pod: str, node: str | None, ours: bool) -> None:
+        """A pod of the job is gone: one the operator deleted to replace is made again, any
+        other is a lost pod."""
+        if ours:
+            self._recreate(ns, job_name, pod)
+        else:
+            self._lost(ns, job_name, PodLost(pod, Loss.DELETED, node=node))
 
     # --- a job with its own control plane (unbroken.operator.controlplane) ---
 

@@ -165,28 +165,14 @@ class VolcanoOperator(Operator):
 
     # --- its pods ---
 
-    def pod_event(self, event: kopf.RawEvent, **_: Any) -> None:
-        pod: dict[str, Any] = dict(event["object"])
-        meta = pod.get("metadata", {})
-        owner = self.owner_of(meta)
-        if owner is None:
-            return
-        ns, name = meta["namespace"], meta["name"]
-        replacing = REPLACING in (meta.get("annotations") or {})
-        phase = (pod.get("status") or {}).get("phase")
-        node = (pod.get("spec") or {}).get("nodeName")
-        if event["type"] == "DELETED":
-            if not replacing:  # a marked pod was deleted by the operator: Volcano makes it again
-                self._gone.add((ns, name))
-                try:
-                    self._lost(ns, owner, PodLost(name, Loss.DELETED, node=node))
-                finally:
-                    self._gone.discard((ns, name))
-        elif phase == "Failed" and not replacing:
-            detail = (pod.get("status") or {}).get("reason") or ""
-            self._lost(ns, owner, PodLost(name, Loss.FAILED, detail, node))
-        elif phase == "Running":
-            self._maybe_running(ns, owner)
+    def _deleted(self, ns: str, job_name: str, pod: str, node: str | None, ours: bool) -> None:
+        if ours:
+            return  # deleted by the operator to replace it: Volcano makes it again
+        self._gone.add((ns, pod))
+        try:
+            self._lost(ns, job_name, PodLost(pod, Loss.DELETED, node=node))
+        finally:
+            self._gone.discard((ns, pod))
 
     def _still_lost(self, ns: str, lost: PodLost) -> bool:
         if lost.loss is Loss.DELETED:
