@@ -77,6 +77,7 @@ class Result:
     detect: list[float] = field(default_factory=list)
     hb_rate: float = 0.0
     hb_offered: float = 0.0
+    interval_s: float = 0.0
     backlog_max: int = 0
     cpu_pct: float = 0.0
     rss_mib: float = 0.0
@@ -233,7 +234,8 @@ async def one_run(
         t1 = time.time()
         fleet.measuring = False
         res.hb_rate = (fleet.stats.beats - beats0) / (t1 - t0)
-        res.hb_offered = n / fleet.heartbeat_s
+        res.hb_offered = n / fleet.interval_s
+        res.interval_s = fleet.interval_s
         res.cpu_pct = 100 * (cpu_s(pid) - cpu0) / (t1 - t0)
         res.rss_mib = rss_mib(pid)
         res.backlog_max = max((d for _, d in cp.inbox[inbox0:]), default=0)
@@ -318,6 +320,7 @@ def table(results: list[Result]) -> str:
     other: list[tuple[str, Any, str]] = [
         ("heartbeats/s handled", lambda r: r.hb_rate, "{:.0f}"),
         ("heartbeats/s offered", lambda r: r.hb_offered, "{:.0f}"),
+        ("heartbeat interval s", lambda r: r.interval_s, "{:.2f}"),
         ("inbox backlog max", lambda r: float(r.backlog_max), "{:.0f}"),
         ("manager CPU %", lambda r: r.cpu_pct, "{:.0f}"),
         ("manager RSS MiB", lambda r: r.rss_mib, "{:.0f}"),
@@ -351,13 +354,17 @@ def table(results: list[Result]) -> str:
 
 
 async def run_all(
-    ns: list[int], faults: int, window_s: float, gap_s: float, channels: int
+    ns: list[int], faults: int, window_s: float, gap_s: float, channels: int, keep: Path | None
 ) -> list[Result]:
     """Every N in one event loop (gRPC's asyncio poller stays bound to its first loop)."""
     results = []
     for n in ns:
-        with tempfile.TemporaryDirectory(prefix="unbroken-scale-") as d:
-            r = await one_run(n, faults, window_s, gap_s, channels, Path(d))
+        if keep is not None:  # the run's ledger and the control plane's log stay there
+            (keep / str(n)).mkdir(parents=True, exist_ok=True)
+            r = await one_run(n, faults, window_s, gap_s, channels, keep / str(n))
+        else:
+            with tempfile.TemporaryDirectory(prefix="unbroken-scale-") as d:
+                r = await one_run(n, faults, window_s, gap_s, channels, Path(d))
         results.append(r)
         print(f"{n} nodes: {r.outcome}", file=sys.stderr, flush=True)
     return results
@@ -372,13 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--channels", type=int, default=0, help="gRPC channels the agents share (0: one per 50)"
     )
+    ap.add_argument("--keep", type=Path, help="keep each N's ledger and log under this folder")
     a = ap.parse_args(argv)
     try:
         ns = [int(x) for x in a.nodes.split(",")]
     except ValueError:
         print(f"--nodes: not a comma-separated list of integers: {a.nodes!r}", file=sys.stderr)
         return 2
-    results = asyncio.run(run_all(ns, a.faults, a.window, a.gap, a.channels))
+    results = asyncio.run(run_all(ns, a.faults, a.window, a.gap, a.channels, a.keep))
     print(table(results))
     print(f"load: {Path('/proc/loadavg').read_text().strip()} ({os.cpu_count()} cores)")
     return 0 if all(r.outcome == "ok" for r in results) else 1

@@ -1,8 +1,9 @@
 """Simulated node agents: many node identities multiplexed over a few gRPC channels in one
 asyncio loop, each speaking the agent protocol of :mod:`unbroken.agent.managed` to the real
-control plane: a hello, its ranks' start, a heartbeat of its 8 ranks' records every
-``heartbeat_s`` (the agent's real rate), and a stream of the manager's orders, obeyed as an
-agent would (restart, rejoin, pause, stop). A node fault is its agent falling silent.
+control plane: a hello, its ranks' start, a heartbeat of its 8 ranks' records at the interval
+the hello's answer sets (as the real agent does; ``heartbeat_s`` where it sets none), and a
+stream of the manager's orders, obeyed as an agent would (restart, rejoin, pause, stop). A node
+fault is its agent falling silent and its order stream dropped (its connection gone).
 
 The generator's own lag (how late a heartbeat went out against its schedule) is measured, so a
 backlog in the control plane is not mistaken for one in the generator.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from unbroken.protocol.messages import (
 )
 from unbroken.rpc.channel import _SECRET_KEY, SERVICE
 
+log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
 RANKS = 8
 STEP_S = 1.0  # the simulated ranks' step time
@@ -71,6 +74,8 @@ class Fleet:
         self.agents: dict[str, SimAgent] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.measuring = False
+        #: The heartbeat interval the control plane set (the last hello's answer).
+        self.interval_s = heartbeat_s
 
     def channel(self, i: int) -> grpc.aio.Channel:
         return self.channels[i % len(self.channels)]
@@ -138,8 +143,10 @@ class SimAgent:
             reply: JsonObj = await call(
                 encode_report(sender, report), metadata=self.f.meta, timeout=30
             )
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as exc:
             self.f.stats.errors += 1
+            if self.f.stats.errors <= 3:
+                log.warning("%s of %s failed: %s", method_of(report), self.pod, exc.details())
             return {}
         return reply
 
@@ -187,6 +194,8 @@ class SimAgent:
         hello = decode_answer(reply)
         if not hello.ok:
             return
+        if hello.heartbeat_s > 0:
+            self.f.interval_s = hello.heartbeat_s
         self.stream_task = asyncio.get_running_loop().create_task(self.orders())
         self._started(hello.generation)
         if hello.join is not None:
@@ -198,7 +207,7 @@ class SimAgent:
         else:
             await self.send(RanksStarted(pids=self.rank_pids, started_at=self.gen_start))
         self.registered.set()
-        period = self.f.heartbeat_s
+        period = hello.heartbeat_s or self.f.heartbeat_s
         due = time.monotonic() + random.random() * period
         while not self.silent:
             delay = due - time.monotonic()

@@ -143,6 +143,7 @@ class ManagedAgent:
         # at its next tick.
         self._wake = threading.Event()
         self._milestones: tuple[tuple[Any, ...], ...] = ()  # what the last heartbeat showed
+        self.heartbeat_s = settings.heartbeat_interval_s
         self._expected_exit: set[int] = set()  # pids we are stopping on purpose
         self._last_contact = time.monotonic()
         self._readers: dict[int, HeartbeatReader] = {}
@@ -406,6 +407,8 @@ class ManagedAgent:
             raise AgentExit(3, f"the job manager's answer to the hello: {exc}") from None
         if not hello.ok:
             raise AgentExit(3, f"the job manager refused this agent: {hello.error}")
+        if hello.heartbeat_s > 0:  # the control plane sets it from the job's size
+            self.heartbeat_s = hello.heartbeat_s
         threading.Thread(target=self._watch_commands, name="commands", daemon=True).start()
         if hello.join is not None:
             # A replacement pod: its ranks take their state from a replica (``recover``).
@@ -456,7 +459,7 @@ class ManagedAgent:
                 if time.monotonic() >= next_hb or milestones != self._milestones:
                     self._send(AgentHeartbeat(ranks=progress))
                     self._milestones = milestones
-                    next_hb = time.monotonic() + self.s.heartbeat_interval_s
+                    next_hb = time.monotonic() + self.heartbeat_s
                 self._wake.wait(tick_s)
                 self._wake.clear()
         except AgentExit:

@@ -72,7 +72,15 @@ from unbroken.manager.progress import (
     generation_phases,
     median_step_time,
 )
-from unbroken.manager.service import CommandQueues, Inbound, build_server
+from unbroken.manager.service import (
+    STREAM_CLOSED,
+    STREAM_OPENED,
+    CommandQueues,
+    Inbound,
+    build_server,
+    heartbeat_interval_s,
+    silence_timeout_s,
+)
 from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
 from unbroken.manager.web import WebEndpoint, WebError
@@ -122,6 +130,8 @@ TICK_S = 0.05
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
 _PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release", "Link"})
+#: Messages that wait for the next tick (see ``run``); any other is acted on at once.
+_ROUTINE = frozenset({HEARTBEAT, STREAM_OPENED, STREAM_CLOSED})
 
 
 class ManagerError(RuntimeError):
@@ -167,6 +177,12 @@ class JobManager:
         self.secret = secrets.token_hex(16)
         self.inbox: queue.Queue[Inbound] = queue.Queue()
         self.commands = CommandQueues(streams=len(cluster.nodes))
+        #: The agents' heartbeat interval and the silence that loses a node whose agent's order
+        #: stream is still open (unbroken.manager.service: the protocol at scale).
+        self.heartbeat_s = heartbeat_interval_s(len(job.pods))
+        self.silence_s = silence_timeout_s(self.heartbeat_s, self.opt.agent_timeout_s)
+        #: Agents (pod, pid) whose order stream ended while their pod ran.
+        self.streams_broken: set[tuple[str, int]] = set()
         self.pods: dict[str, PodProcess] = {}
         self.ranks: dict[int, RankView] = {}
         self.generation = 0
@@ -259,6 +275,7 @@ class JobManager:
             nodes=self.executor.remote_nodes,
             host=self.listen[0],
             port=self.listen[1],
+            clock=self.clock,
         )
         self.server.start()
         self._start_web()
@@ -365,11 +382,11 @@ class JobManager:
                 try:
                     msg = self.inbox.get(timeout=TICK_S)
                     self._handle_one(msg)
-                    urgent = msg.method != HEARTBEAT
+                    urgent = msg.method not in _ROUTINE
                     while self.outcome is None:
                         msg = self.inbox.get_nowait()
                         self._handle_one(msg)
-                        urgent = urgent or msg.method != HEARTBEAT
+                        urgent = urgent or msg.method not in _ROUTINE
                 except queue.Empty:
                     pass
                 # Heartbeats tick at most once per TICK_S: a tick scans every pod and rank, and
@@ -477,16 +494,21 @@ class JobManager:
                     msg.reply.put({"ok": False, "error": d.reason})
                 else:
                     msg.reply.put({"ok": True, "detail": d.reason})
+            case method if method == STREAM_OPENED:
+                self.streams_broken.discard((str(body["pod"]), int(body["pid"])))
+            case method if method == STREAM_CLOSED:
+                self.streams_broken.add((str(body["pod"]), int(body["pid"])))
             case method if method in (HELLO, HEARTBEAT, REPORT):
                 sender, report = decode_report(method, body)
+                heard = msg.at or self.clock()
                 match report:
                     case AgentHello():
                         assert msg.reply is not None
-                        msg.reply.put(encode_answer(self._hello(sender)))
+                        msg.reply.put(encode_answer(self._hello(sender, heard)))
                     case AgentHeartbeat():
-                        self._heartbeat(sender, report)
+                        self._heartbeat(sender, report, heard)
                     case _:
-                        self._report(sender, report)
+                        self._report(sender, report, heard)
             case _:
                 log.error("unknown message %s", msg.method)
 
@@ -514,19 +536,22 @@ class JobManager:
             "called unbroken.worker.init); nothing was trained",
         )
 
-    def _hello(self, sender: Sender) -> HelloAnswer:
+    def _hello(self, sender: Sender, heard_at: float) -> HelloAnswer:
         pod = self._pod_of(sender)
         if pod is None or pod.stopped:
             log.warning("refused the hello of %s (agent pid %s)", sender.pod, sender.agent_pid)
             return HelloAnswer(ok=False, error="unknown or replaced pod")
-        pod.hello_at = pod.last_heartbeat_at = self.clock()
-        return HelloAnswer(ok=True, generation=pod.generation, join=pod.join)
+        pod.hello_at = self.clock()
+        pod.last_heartbeat_at = heard_at
+        return HelloAnswer(
+            ok=True, generation=pod.generation, join=pod.join, heartbeat_s=self.heartbeat_s
+        )
 
-    def _heartbeat(self, sender: Sender, beat: AgentHeartbeat) -> None:
+    def _heartbeat(self, sender: Sender, beat: AgentHeartbeat, heard_at: float) -> None:
         pod = self._pod_of(sender)
         if pod is None or sender.generation < 0:
             return
-        pod.last_heartbeat_at = self.clock()
+        pod.last_heartbeat_at = max(pod.last_heartbeat_at, heard_at)
         if sender.generation != self.generation:
             return
         for row in beat.ranks:
@@ -549,12 +574,12 @@ class JobManager:
                         f"({retry}); no recovery needed"
                     )
 
-    def _report(self, sender: Sender, event: Event) -> None:
+    def _report(self, sender: Sender, event: Event, heard_at: float) -> None:
         pod = self._pod_of(sender)
         if pod is None:
             return
         now = self.clock()
-        pod.last_heartbeat_at = now
+        pod.last_heartbeat_at = max(pod.last_heartbeat_at, heard_at)
         gen = sender.generation
         match event:
             case PodFinished(without_session=idle):
@@ -669,7 +694,11 @@ class JobManager:
                     self._node_lost(pod, now, "its agent never reported")
                 continue
             silent = now - pod.last_heartbeat_at
-            if silent > self.opt.agent_timeout_s:
+            # Silent for agent_timeout_s with its order stream broken, or for silence_s (the
+            # same for a small job) with it open: the node is lost.
+            if silent > self.opt.agent_timeout_s and (
+                silent > self.silence_s or (pod.pod, pod.pid) in self.streams_broken
+            ):
                 pod.lost = True
                 self._node_lost(pod, now, f"its agent missed heartbeats for {silent:.2f} s")
 
@@ -685,8 +714,13 @@ class JobManager:
         )
 
     def _settle(self, now: float) -> None:
+        # An agent may be silent for a heartbeat interval: it looks lost after half as long
+        # again, or after 0.5 s once its order stream broke.
+        quiet_s = max(0.5, 1.5 * self.heartbeat_s)
         silent = any(
-            not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
+            not (p.finished or p.stopped or p.lost)
+            and (s := now - p.last_heartbeat_at) > 0.5
+            and (s > quiet_s or (p.pod, p.pid) in self.streams_broken)
             for p in self.pods.values()
         )
         self.detector, faults = self.detector.settle(now, agent_silent=silent)

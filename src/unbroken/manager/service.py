@@ -1,16 +1,33 @@
 """The control plane's RPC surface: agents and the CLI talk to the job manager through it.
 
-Handlers run on gRPC's threads and never touch the manager's state: they put a message on the
-manager's inbox and, where the caller needs an answer, wait for the manager's reply. Command
-streams to agents are fed from per-agent queues the manager fills.
+Handlers never touch the manager's state: they put a message on the manager's inbox and, where
+the caller needs an answer, wait for the manager's reply. Command streams to agents are fed from
+per-agent mailboxes the manager fills, and wait on the server's event loop, not on a thread
+each.
+
+The protocol at scale. What an agent must tell at once goes at once, as a report of its own (a
+rank's exit, a failed step, a hang, a device fault) or as a heartbeat sent the moment a rank's
+milestones change (a recovery's phases); the periodic heartbeat carries only liveness and the
+ranks' step counters, one message for a node's 8 ranks. Its interval is set by the control
+plane in the hello's answer, from the job's size (:func:`heartbeat_interval_s`): 0.1 s up to
+100 nodes, then as long as it takes to keep the offered rate at ``HEARTBEATS_PER_S`` (1000
+nodes: 1 s, 10k nodes: 10 s). A node lost is still found: its agent's order stream breaks (the
+server sees the stream end and tells the manager) and it is declared lost once silent for
+``agent_timeout_s``; an agent silent with its stream still open (a host that hangs) is declared
+lost after :func:`silence_timeout_s`, three intervals or ``agent_timeout_s``, whichever is
+longer. Silence is counted from when the server received the agent's last message, not from
+when the manager's loop handled it. For a job of up to 100 nodes the interval is 0.1 s
+and both timeouts are ``agent_timeout_s``: the rules of a small job, unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +41,26 @@ JOIN = "NodeJoin"
 NODE_ORDERS = "NodeOrders"
 #: A host's agent says a process it started for a pod started (with its pid) or exited.
 NODE_POD = "NodePod"
+#: The server tells the manager an agent's order stream opened or ended (never sent by a peer).
+STREAM_OPENED = "StreamOpened"
+STREAM_CLOSED = "StreamClosed"
+
+#: The periodic heartbeats the control plane asks of all agents together, per second: what one
+#: core handles beside everything else the manager does (bench/scale.py).
+HEARTBEATS_PER_S = 1000.0
+#: The heartbeat interval of a small job (and the agent's default).
+HEARTBEAT_FLOOR_S = 0.1
+
+
+def heartbeat_interval_s(nodes: int) -> float:
+    """The agents' heartbeat interval for a job of ``nodes`` nodes (one agent each)."""
+    return max(HEARTBEAT_FLOOR_S, nodes / HEARTBEATS_PER_S)
+
+
+def silence_timeout_s(interval_s: float, agent_timeout_s: float) -> float:
+    """How long an agent whose order stream is still open may be silent before its node is
+    lost: three heartbeat intervals, and never less than ``agent_timeout_s``."""
+    return max(agent_timeout_s, 3 * interval_s)
 
 
 @dataclass
@@ -33,28 +70,60 @@ class Inbound:
     method: str
     body: JsonObj
     reply: queue.Queue[JsonObj] | None = None
+    #: When the server received it (0: when the manager handles it). An agent's silence is
+    #: counted from here, so a backlog in the manager's inbox is not read as silent agents.
+    at: float = 0.0
 
 
-#: Put on a command queue to wake its stream's thread (never sent).
+#: Put in a mailbox to wake its stream (never sent).
 _WAKE: JsonObj = {}
+
+
+class Mailbox:
+    """An agent's orders: put from the manager's thread, awaited by its stream on the server's
+    event loop (no thread waits)."""
+
+    def __init__(self) -> None:
+        self._items: deque[JsonObj] = deque()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def put(self, item: JsonObj) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            waiter[0].call_soon_threadsafe(waiter[1].set)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get_nowait(self) -> JsonObj:
+        return self._items.popleft()
+
+    async def get(self) -> JsonObj:
+        # The waiter is set before the deque is looked at again: an item put in between is
+        # either seen here or wakes the event.
+        while not self._items:
+            event = asyncio.Event()
+            self._waiter = (asyncio.get_running_loop(), event)
+            if not self._items:
+                await event.wait()
+        return self._items.popleft()
 
 
 @dataclass
 class CommandQueues:
-    """One queue of commands per agent process (pod name, agent pid)."""
+    """One mailbox of commands per agent process (pod name, agent pid)."""
 
-    _queues: dict[tuple[str, int], queue.Queue[JsonObj]] = field(default_factory=dict)
+    _queues: dict[tuple[str, int], Mailbox] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     closed: threading.Event = field(default_factory=threading.Event)
-    #: How many agents may hold a command stream at once (one per node of the cluster). The
-    #: server holds a thread per open stream, so its pool is sized from this: a fixed pool of
-    #: 32 let the first 32 agents' streams take every thread, and the 33rd node's hello was
-    #: never answered (found by bench/scale.py).
+    #: How many hosts may hold an order stream at once (one per node of the cluster): each
+    #: host's stream (``NodeOrders``) holds a thread of the server's pool.
     streams: int = 32
 
-    def of(self, pod: str, pid: int) -> queue.Queue[JsonObj]:
+    def of(self, pod: str, pid: int) -> Mailbox:
         with self._lock:
-            return self._queues.setdefault((pod, pid), queue.Queue())
+            return self._queues.setdefault((pod, pid), Mailbox())
 
     def send(self, pod: str, pid: int, order: Order) -> None:
         self.of(pod, pid).put(encode_order(order))
@@ -158,6 +227,7 @@ def build_server(
     nodes: NodeRegistry | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    clock: Callable[[], float] = time.time,
 ) -> ControlServer:
     """The control plane's server on ``host:port`` (127.0.0.1 unless the user asks for another
     address)."""
@@ -165,7 +235,7 @@ def build_server(
 
     def post(method: str) -> Callable[[JsonObj], JsonObj]:
         def handler(body: JsonObj) -> JsonObj:
-            inbox.put(Inbound(method, body))
+            inbox.put(Inbound(method, body, at=clock()))
             return {"ok": True}
 
         return handler
@@ -173,7 +243,7 @@ def build_server(
     def ask(method: str) -> Callable[[JsonObj], JsonObj]:
         def handler(body: JsonObj) -> JsonObj:
             reply: queue.Queue[JsonObj] = queue.Queue(maxsize=1)
-            inbox.put(Inbound(method, body, reply))
+            inbox.put(Inbound(method, body, reply, at=clock()))
             try:
                 return reply.get(timeout=answer_timeout_s)
             except queue.Empty:
@@ -181,18 +251,21 @@ def build_server(
 
         return handler
 
-    def agent_commands(body: JsonObj, active: Callable[[], bool]) -> Iterator[JsonObj]:
-        q = commands.of(str(body["pod"]), int(body["pid"]))
-        # Each open stream holds a thread: a short poll woke every one of them five times a
-        # second, which at 1k nodes starved the manager's loop of the GIL. The run's end wakes
-        # them at once (CommandQueues.close); a peer gone is noticed within a second.
-        while active() and not commands.closed.is_set():
-            try:
-                item = q.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if item is not _WAKE:
-                yield item
+    async def agent_commands(body: JsonObj) -> AsyncIterator[JsonObj]:
+        pod, pid = str(body["pod"]), int(body["pid"])
+        who: JsonObj = {"pod": pod, "pid": pid}
+        box = commands.of(pod, pid)
+        inbox.put(Inbound(STREAM_OPENED, who))
+        try:
+            # The run's end wakes the stream at once (CommandQueues.close); a peer gone
+            # cancels it (the server's event loop raises CancelledError in the wait).
+            while not commands.closed.is_set():
+                item = await box.get()
+                if item is not _WAKE:
+                    yield item
+        finally:
+            if not commands.closed.is_set():
+                inbox.put(Inbound(STREAM_CLOSED, who))
 
     def node_orders(body: JsonObj, active: Callable[[], bool]) -> Iterator[JsonObj]:
         q = registry.orders_of(str(body["node"]))
@@ -217,9 +290,12 @@ def build_server(
             JOIN: registry.join,
             NODE_POD: registry.pod_report,
         },
-        streams={COMMANDS: agent_commands, NODE_ORDERS: node_orders},
+        streams={NODE_ORDERS: node_orders},
+        async_streams={COMMANDS: agent_commands},
+        # Heartbeats and reports only go on the inbox: they are handled on the server's loop.
+        inline=(HEARTBEAT, REPORT),
         host=host,
         port=port,
-        # A thread per open stream (agents' and hosts'), and 32 for unary calls.
-        max_workers=2 * commands.streams + 32,
+        # A thread per host's open order stream, and 32 for calls that wait for an answer.
+        max_workers=commands.streams + 32,
     )

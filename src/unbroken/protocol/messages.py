@@ -76,12 +76,15 @@ class JoinFrom:
 @dataclass(frozen=True)
 class HelloAnswer:
     """The manager's answer to a hello: the generation to start, or why the agent is refused;
-    ``join``: the pod replaces a lost one and its ranks join a running generation."""
+    ``join``: the pod replaces a lost one and its ranks join a running generation;
+    ``heartbeat_s``: the interval of the agent's periodic heartbeat, set from the job's size
+    (0: the agent's own)."""
 
     ok: bool
     generation: int = -1
     join: JoinFrom | None = None
     error: str = ""
+    heartbeat_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -432,6 +435,8 @@ def encode_answer(answer: HelloAnswer) -> JsonObj:
             if answer.join is None
             else {"source": answer.join.source, "step": answer.join.step}
         )
+        if answer.heartbeat_s > 0:
+            out["heartbeat_s"] = answer.heartbeat_s
     else:
         out["error"] = answer.error
     return out
@@ -445,6 +450,7 @@ def decode_answer(body: Mapping[str, Any]) -> HelloAnswer:
         ok=True,
         generation=_int(body, "generation"),
         join=None if not join else JoinFrom(source=_int(join, "source"), step=_int(join, "step")),
+        heartbeat_s=_float(body, "heartbeat_s") if "heartbeat_s" in body else 0.0,
     )
 
 

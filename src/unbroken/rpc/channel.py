@@ -1,15 +1,28 @@
-"""A small typed layer over gRPC generic handlers with JSON payloads and a shared secret."""
+"""A small typed layer over gRPC generic handlers with JSON payloads and a shared secret.
+
+The server is gRPC's asyncio server on one event loop per process (its own thread), so an open
+stream costs a coroutine, not a thread: at 10k nodes every agent holds its order stream open,
+and a thread each (the synchronous server) starved the job manager's loop of the GIL
+(bench/scale.py). Handlers stay plain functions: ``inline`` ones (that only put a message on a
+queue) run on the loop; the others, which may block (waiting for the manager's answer), run on
+a thread pool, as do blocking stream functions. Every call's secret is checked before its body
+is parsed.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from concurrent import futures
 from typing import Any
 
 import grpc
+import grpc.aio
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +32,17 @@ _SECRET_KEY = "x-unbroken-secret"
 JsonObj = dict[str, Any]
 Unary = Callable[[JsonObj], JsonObj]
 UnaryStream = Callable[[JsonObj, Callable[[], bool]], Iterator[JsonObj]]
+#: A stream that waits on the server's event loop (no thread while it waits).
+AsyncStream = Callable[[JsonObj], AsyncIterator[JsonObj]]
+
+_END = object()
+#: gRPC's server drops calls at random once more than 1000 wait for the application to take
+#: them (random early detection up to 3000): at 1000 nodes the agents' hellos and order streams
+#: arrive together, and a third of them were cancelled before any handler saw them.
+_OPTIONS = [
+    ("grpc.server.max_pending_requests", 1 << 17),
+    ("grpc.server.max_pending_requests_hard_limit", 1 << 18),
+]
 
 
 class RpcError(RuntimeError):
@@ -36,11 +60,28 @@ def _loads(data: bytes) -> JsonObj:
     return obj
 
 
-def _authorized(context: grpc.ServicerContext, secret: str) -> bool:
-    for key, value in context.invocation_metadata():
+def _authorized(context: grpc.aio.ServicerContext[Any, Any], secret: str) -> bool:
+    for key, value in context.invocation_metadata() or ():
         if key == _SECRET_KEY:
             return hmac.compare_digest(str(value), secret)
     return False
+
+
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def _server_loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop for control servers, in a thread of its own; one for the
+    process's life, since gRPC's asyncio poller stays bound to the first loop it ran on (a
+    child forked from this process gets its own)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="control-server", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
 
 
 class ControlServer:
@@ -54,67 +95,118 @@ class ControlServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_workers: int = 32,
+        async_streams: Mapping[str, AsyncStream] | None = None,
+        inline: Collection[str] = (),
     ) -> None:
         self._secret = secret
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="control-call"
+        )
         handlers: dict[str, Any] = {}
         # Requests arrive as bytes and are parsed in the handler, after the secret was checked:
         # nothing a peer without the secret sends is parsed, and a body that does not parse is
         # refused with INVALID_ARGUMENT instead of an error in gRPC's deserializer.
         for name, fn in unary.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(name, fn), response_serializer=_dumps
+                self._wrap_unary(name, fn, name in inline), response_serializer=_dumps
             )
         for name, sfn in (streams or {}).items():
             handlers[name] = grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(name, sfn), response_serializer=_dumps
             )
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
-        )
-        bound = self._server.add_insecure_port(f"{host}:{port}")
+        for name, afn in (async_streams or {}).items():
+            handlers[name] = grpc.unary_stream_rpc_method_handler(
+                self._wrap_async_stream(name, afn), response_serializer=_dumps
+            )
+        self._loop = _server_loop()
+        self._server, bound = asyncio.run_coroutine_threadsafe(
+            self._create(host, port, handlers), self._loop
+        ).result()
         if bound == 0:
+            self._pool.shutdown(wait=False)
             raise RpcError(f"cannot bind the control plane to {host}:{port} (port in use?)")
         self.address = f"{host}:{bound}"
 
-    def _request(self, name: str, raw: bytes, context: grpc.ServicerContext) -> JsonObj:
+    @staticmethod
+    async def _create(
+        host: str, port: int, handlers: dict[str, Any]
+    ) -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server(options=_OPTIONS)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        try:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            bound = 0
+        return server, bound
+
+    async def _request(
+        self, name: str, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> JsonObj:
         """The request's JSON object, once the caller proved the secret; aborts otherwise."""
         if not _authorized(context, self._secret):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong run secret")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong run secret")
         try:
             return _loads(raw)
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request: {exc}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request: {exc}"
+            )
         raise AssertionError("unreachable")
 
-    def _wrap_unary(self, name: str, fn: Unary) -> Callable[[bytes, grpc.ServicerContext], Any]:
-        def handle(raw: bytes, context: grpc.ServicerContext) -> JsonObj:
-            request = self._request(name, raw, context)
+    def _wrap_unary(self, name: str, fn: Unary, inline: bool) -> Callable[..., Any]:
+        async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> JsonObj:
+            request = await self._request(name, raw, context)
             try:
-                return fn(request)
+                if inline:
+                    return fn(request)
+                return await asyncio.get_running_loop().run_in_executor(self._pool, fn, request)
             except (KeyError, TypeError, ValueError) as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
             raise AssertionError("unreachable")
 
         return handle
 
-    def _wrap_stream(
-        self, name: str, fn: UnaryStream
-    ) -> Callable[[bytes, grpc.ServicerContext], Iterator[JsonObj]]:
-        def handle(raw: bytes, context: grpc.ServicerContext) -> Iterator[JsonObj]:
-            request = self._request(name, raw, context)
+    def _wrap_stream(self, name: str, fn: UnaryStream) -> Callable[..., Any]:
+        async def handle(
+            raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[JsonObj]:
+            request = await self._request(name, raw, context)
+            loop = asyncio.get_running_loop()
             try:
-                yield from fn(request, context.is_active)
+                # A blocking stream function: each item is waited for on the pool.
+                it = iter(fn(request, lambda: not context.done()))
+                while (item := await loop.run_in_executor(self._pool, next, it, _END)) is not _END:
+                    assert isinstance(item, dict)
+                    yield item
             except (KeyError, TypeError, ValueError) as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
 
         return handle
 
+    def _wrap_async_stream(self, name: str, fn: AsyncStream) -> Callable[..., Any]:
+        async def handle(
+            raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[JsonObj]:
+            request = await self._request(name, raw, context)
+            try:
+                async for item in fn(request):
+                    yield item
+            except (KeyError, TypeError, ValueError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
+
+        return handle
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the server's handlers and async streams run on."""
+        return self._loop
+
     def start(self) -> None:
-        self._server.start()
+        asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result()
 
     def stop(self, grace_s: float = 0.5) -> None:
-        self._server.stop(grace_s).wait()
+        asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self._loop).result()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class ControlClient:
