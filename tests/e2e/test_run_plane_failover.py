@@ -6,7 +6,8 @@ on plane B; the control plane (``unbroken serve``) listens on the root namespace
 address, so the hosts' agents and the rendezvous store are reached over plane B, and each
 host's agent declares ``--plane a=pa0 --plane b=pb0``: the ranks' gloo collectives start on
 plane A. An operator then moves the job to plane B and back (``unbroken link failover``,
-``unbroken link switchback``).
+``unbroken link switchback``), and a collective that fails with every carrier up (rank 2's
+links reset before its step 55) moves it to plane B for good.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from process_helpers import started_ranks
 pytestmark = pytest.mark.e2e
 
 JOB = FIXTURES / "plane-failover.yaml"
+LATE_LINK = FIXTURES / "chaos-link-late.yaml"
 
 
 def _free_port() -> int:
@@ -76,6 +78,7 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
         control = f"{h.root_address(1)}:{_free_port()}"
         argv = [sys.executable, "-m", "unbroken", "serve", str(JOB), "--cluster", str(cluster)]
         argv += ["--listen", control, "--token-file", str(token), "--run-dir", str(run_dir)]
+        argv += ["--chaos", str(LATE_LINK)]
         serve = subprocess.Popen(
             argv,
             env=cli_env(),
@@ -117,7 +120,8 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
             out = "".join(lines)
             assert serve.returncode == 0, (out, err)
             assert "job e2e-planes: SUCCEEDED" in out, out
-            assert "0 fault(s), 0 recovery(ies)" in out, out  # a switch is no fault
+            # A plane lost is no fault; the collective that failed is one, recovered by failover.
+            assert "1 fault(s), 1 recovery(ies)" in out, out
             for a in agents:
                 a.wait(timeout=30)
                 assert a.returncode == 0, a.communicate()
@@ -125,7 +129,7 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
             evs = events(run_dir)
             [down] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=False)
             [_, up] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=True)
-            [failover, by_hand] = of_kind(evs, "PlaneFailover")
+            [failover, by_hand, on_fault] = of_kind(evs, "PlaneFailover")
             [back, by_hand_back] = of_kind(evs, "PlaneSwitchback")
             switches = [
                 (e["from_plane"], e["to"], e["planned"])
@@ -134,17 +138,23 @@ def test_a_downed_plane_fails_over_and_switches_back_without_restarting_a_proces
             # The failover, the automatic switchback, the operator's failover and switchback.
             expected = [("a", "b", False), ("b", "a", True), ("a", "b", True), ("b", "a", True)]
             assert switches == expected
+            # The failed collective's plane is suspect: the job ends on B.
+            assert [on_fault[k] for k in ("from_plane", "to", "planned")] == ["a", "b", False]
+            assert on_fault["reason"].startswith("a collective failed on plane a ("), on_fault
+            [fault] = of_kind(evs, "FaultDetected")
+            assert (fault["source"], fault["step"]) == ("link", 55), fault
+            [done] = of_kind(evs, "RecoveryCompleted")
+            assert (done["fault_id"], done["strategy"]) == (fault["fault_id"], "link-failover")
             assert 0 < failover["pause_s"] < 30 and 0 < back["pause_s"] < 30, (failover, back)
             assert back["generation"] == failover["generation"] + 1
             # A step committed over plane B while host 1's plane A was down.
             assert down["at"] < failover["at"] < up["at"] < back["at"]
             # Every rank's process was started once: both switches regrouped in process.
             assert started_ranks(evs) == [0, 1, 2, 3]
-            assert not of_kind(evs, "FaultDetected")
             st = status(run_dir)
             assert st is not None
             planes = {k: st["planes"][k] for k in ("active", "failovers", "switchbacks", "down")}
-            assert planes == {"active": "a", "failovers": 2, "switchbacks": 2, "down": []}
+            assert planes == {"active": "b", "failovers": 3, "switchbacks": 2, "down": []}
             assert digest(run_dir) == fault_free.digest
         finally:
             for p in (serve, *agents):

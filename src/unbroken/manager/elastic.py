@@ -65,7 +65,9 @@ class ElasticState:
 
     @property
     def world_size(self) -> int:
-        return len(self.world)
+        # Read on every tick of the manager: counted from the pods, not by listing every rank.
+        gone = set(self.dropped_pods)
+        return sum(p.nproc for p in self.job.pods if p.name not in gone)
 
     @property
     def shrunk(self) -> bool:

@@ -322,6 +322,8 @@ class Executor:
     def policy(self, event: PolicyEvent, now: float) -> None:
         """Feed an event to the policy and carry out its commands (iteratively: a command
         that fails feeds a new event, handled after the current decision's commands)."""
+        if isinstance(event, PolicyFaultDetected) and self._plane_takes(event.fault, now):
+            return
         self._queue.append(event)
         if self._deciding:
             return
@@ -369,10 +371,25 @@ class Executor:
                 )
             self.console.line(f"decision: {strategy}: {d.reason}{wait}")
             self._run(d.commands, now)
-        if isinstance(self.policy_state, Running) and self.m.incident is not None:
+        if (
+            isinstance(self.policy_state, Running)
+            and self.m.incident is not None
+            and self.planes.switch is None  # a failover's incident ends with its first step
+        ):
             # The fault needed no recovery (recorded, ignored, or a hot switch not possible or
             # given up): training goes on and no incident is open.
             self.m.incident = None
+
+    def _plane_takes(self, fault: Fault, now: float) -> bool:
+        """Whether a collective's failure is the active plane's, failed over from (the
+        recovery ladder does not see it)."""
+        if fault.kind is not FaultKind.LINK or isinstance(self.policy_state, Recovering):
+            return False
+        if not self.planes.collective_failed(fault.describe(), now):
+            return False
+        if self.m.incident is not None:
+            self.m.incident.strategy = "link-failover"
+        return True
 
     def _switch_given_up(self, before: JobState, after: JobState, reason: str) -> None:
         """A hot switch the policy gave up (it failed, passed its deadline, or a stopping

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from unbroken.ledger import Ledger, PlaneChanged, PlaneFailover, PlaneSwitchback
 from unbroken.manager.console import Console
 from unbroken.policy.planes import (
+    CollectiveFailed,
     PlaneCommand,
     PlaneConfig,
     PlaneDecision,
@@ -113,6 +114,11 @@ class PlaneSwitcher:
         """An operator's switch (``to`` empty: back to the preferred plane); the decision
         says whether it was refused and why."""
         return self._feed(PlaneCommand(to=to, at=now), now)
+
+    def collective_failed(self, where: str, now: float) -> bool:
+        """A collective of the job failed (a link fault, ``where``: the fault's ranks, pod and
+        node): whether a failover away from the active plane began for it."""
+        return self._feed(CollectiveFailed(where=where, at=now), now).command is not None
 
     def rejoin_plane(self, generation: int) -> str:
         """The plane a rejoin into ``generation`` puts the ranks on ("" when no switch is

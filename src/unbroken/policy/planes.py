@@ -37,6 +37,14 @@ Decision table (row ids are the unit tests')
   over, the active plane unchanged (the ladder had the faults).
 - P9  no planes declared: every event, nothing (single-plane jobs are as before); an
   operator's command is refused, saying how planes are declared.
+- P10 ``CollectiveFailed``: a collective of the job failed (a link fault) while every
+  interface of the active plane has carrier (a fault further along the path: a switch, a
+  cable's far end). With failover on, no switch under way and another plane healthy, the
+  active plane becomes *suspect* and ``SwitchPlane(planned=False)`` moves the job off it: the
+  fault is the plane's, not the ranks'. Otherwise no command (the ladder has the fault, as
+  without planes). A suspect plane is not failed over to and not switched back to by itself
+  (its carrier says nothing about it); a report of it coming up after going down, or an
+  operator's command to it, clears the suspicion.
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ class PlaneHealth:
 
 @dataclass(frozen=True)
 class Planes:
-    """The job's planes in preference order, the active one, and each node's plane health."""
+    """The job's planes in preference order, the active one, each node's plane health, and
+    the planes a failed collective made suspect (P10)."""
 
     names: tuple[str, ...] = ()
     active: str = ""
@@ -66,6 +75,7 @@ class Planes:
     )
     switching: str | None = None  # the plane a switch under way goes to
     pinned: bool = False  # an operator moved the job off the preferred plane
+    suspect: frozenset[str] = frozenset()
 
     @staticmethod
     def declared(names: tuple[str, ...]) -> Planes:
@@ -75,10 +85,13 @@ class Planes:
         return frozenset(node for node, _ in self.health)
 
     def healthy(self, plane: str) -> bool:
-        """Up on every node that reported its planes (and known to at least one)."""
+        """Up on every node that reported its planes (and known to at least one), and not
+        suspect."""
         nodes = self.nodes()
-        return bool(nodes) and all(
-            (h := self.health.get((n, plane))) is not None and h.up for n in nodes
+        return (
+            bool(nodes)
+            and plane not in self.suspect
+            and all((h := self.health.get((n, plane))) is not None and h.up for n in nodes)
         )
 
     def healthy_since(self, plane: str) -> float | None:
@@ -122,12 +135,20 @@ class PlaneCommand:
 
 
 @dataclass(frozen=True)
+class CollectiveFailed:
+    """A collective of the job failed (``where``: which rank, on which node) at ``at``."""
+
+    where: str
+    at: float
+
+
+@dataclass(frozen=True)
 class PlaneSwitched:
     to: str
     ok: bool
 
 
-PlaneEvent = PlaneReported | PlaneTick | PlaneCommand | PlaneSwitched
+PlaneEvent = PlaneReported | PlaneTick | PlaneCommand | PlaneSwitched | CollectiveFailed
 
 
 @dataclass(frozen=True)
@@ -156,6 +177,8 @@ def decide_plane(state: Planes, event: PlaneEvent, config: PlaneConfig) -> Plane
             return _tick(state, now, config)
         case PlaneCommand(to=to):
             return _command(state, to or state.names[0], config)
+        case CollectiveFailed(where=where):
+            return _collective_failed(state, where, config)
         case PlaneSwitched(to=to, ok=ok):
             done = replace(state, switching=None)
             if not ok:
@@ -173,7 +196,9 @@ def _reported(
         return PlaneDecision(state, None, f"plane {plane} of {node} unchanged")  # P1
     health = dict(state.health)
     health[(node, plane)] = PlaneHealth(up=up, since_at=at)
-    after = replace(state, health=MappingProxyType(health))
+    # A plane seen coming back after going down was repaired: no longer suspect (P10).
+    suspect = state.suspect - {plane} if up and old is not None else state.suspect
+    after = replace(state, health=MappingProxyType(health), suspect=suspect)
     word = "up" if up else "down"
     if after.switching is not None:  # P4
         return PlaneDecision(after, None, f"plane {plane} {word} on {node} during a switch")
@@ -193,6 +218,19 @@ def _failover(state: Planes, what: str, config: PlaneConfig) -> PlaneDecision:
         SwitchPlane(to=to, planned=False, reason=f"{what}: failover to plane {to}"),
         f"{what}: failover to plane {to}",
     )
+
+
+def _collective_failed(state: Planes, where: str, config: PlaneConfig) -> PlaneDecision:
+    what = f"a collective failed on plane {state.active} ({where})"
+    if state.switching is not None:
+        return PlaneDecision(state, None, f"{what} during a switch", refused=True)
+    if not state.healthy(state.active) and state.nodes():
+        # A plane down is P2's (a failover is decided or refused there): not a new suspicion.
+        return PlaneDecision(state, None, f"{what}, a plane down", refused=True)
+    d = _failover(state, what, config)
+    if d.command is None:
+        return replace(d, refused=True)
+    return replace(d, state=replace(d.state, suspect=state.suspect | {state.active}))
 
 
 def _tick(state: Planes, now: float, config: PlaneConfig) -> PlaneDecision:
@@ -228,14 +266,14 @@ def _command(state: Planes, to: str, config: PlaneConfig) -> PlaneDecision:
         why = f"a switch to plane {state.switching} is under way"
     elif to == state.active:
         why = f"plane {to} is already active"
-    elif not state.healthy(to):
+    elif not replace(state, suspect=frozenset()).healthy(to):  # an operator may clear suspicion
         down = ", ".join(state.down_on(to)) or "a node that has not reported it"
         why = f"plane {to} is down on {down}"
     if why:
         return PlaneDecision(state, None, why, refused=True)
     reason = f"operator command: switch to plane {to}"
     return PlaneDecision(  # P7
-        replace(state, switching=to, pinned=to != state.names[0]),
+        replace(state, switching=to, pinned=to != state.names[0], suspect=state.suspect - {to}),
         SwitchPlane(to=to, planned=True, reason=reason),
         reason,
     )
@@ -243,6 +281,7 @@ def _command(state: Planes, to: str, config: PlaneConfig) -> PlaneDecision:
 
 __all__ = [
     "SWITCHBACK_HOLD_S_DEFAULT",
+    "CollectiveFailed",
     "PlaneCommand",
     "PlaneConfig",
     "PlaneDecision",

@@ -233,7 +233,13 @@ def method_of(report: Report) -> str:
 
 
 def _record_row(record: HeartbeatRecord) -> JsonObj:
-    row = dataclasses.asdict(record)
+    """The record's fields that differ from their defaults (the reader fills in the others):
+    at 10k nodes the control plane reads 8 records a heartbeat, and most fields stay unset."""
+    row: JsonObj = {}
+    for name, default in _RECORD_DEFAULTS:
+        value = getattr(record, name)
+        if value != default:
+            row[name] = value
     row["phase"] = str(record.phase)
     return row
 
@@ -315,15 +321,22 @@ def _pids(body: Mapping[str, Any]) -> dict[int, int]:
 
 
 _RECORD_FIELDS = tuple(f for f in dataclasses.fields(HeartbeatRecord) if f.name != "phase")
+_RECORD_DEFAULTS = tuple(
+    (f.name, f.default) for f in _RECORD_FIELDS if f.default is not dataclasses.MISSING
+) + tuple((f.name, None) for f in _RECORD_FIELDS if f.default is dataclasses.MISSING)
+_RECORD_TYPES: dict[str, type[float] | type[int]] = {
+    f.name: float if f.type in ("float", float) else int for f in _RECORD_FIELDS
+}
 
 
 def _record(row: Mapping[str, Any]) -> HeartbeatRecord | None:
     if "phase" not in row:
         return None
     values: dict[str, Any] = {}
-    for f in _RECORD_FIELDS:
-        if f.name in row:
-            values[f.name] = float(row[f.name]) if f.type in ("float", float) else int(row[f.name])
+    for name, value in row.items():
+        kind = _RECORD_TYPES.get(name)
+        if kind is not None:
+            values[name] = kind(value)
     try:
         phase = Phase(row["phase"])
     except ValueError:

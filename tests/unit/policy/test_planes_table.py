@@ -8,6 +8,7 @@ import pytest
 
 import unbroken.policy.planes as planes_module
 from unbroken.policy.planes import (
+    CollectiveFailed,
     PlaneCommand,
     PlaneConfig,
     PlaneReported,
@@ -132,6 +133,32 @@ def test_p9_no_planes_declared_nothing_happens() -> None:
         d = decide_plane(Planes(), event, ON)
         assert d.command is None and d.state == Planes() and d.refused
     assert d.reason.startswith("no network planes declared (unbroken launch --join")
+
+
+def test_p10_a_collective_failed_with_every_carrier_up_fails_over_and_suspects_the_plane() -> None:
+    d = decide_plane(_all_up(), CollectiveFailed("rank 2 on node-1", 5.0), ON)
+    assert d.command == SwitchPlane(to="b", planned=False, reason=d.reason)
+    assert d.reason == "a collective failed on plane a (rank 2 on node-1): failover to plane b"
+    on_b = decide_plane(d.state, PlaneSwitched(to="b", ok=True), ON).state
+    assert on_b.suspect == {"a"}
+    # Carrier up on every node says nothing about the suspect plane: no switchback by itself.
+    assert decide_plane(on_b, PlaneTick(now=100.0), ON).command is None
+    # A second failure, on b: no healthy plane left; the ladder has it.
+    again = decide_plane(on_b, CollectiveFailed("rank 0 on node-0", 6.0), ON)
+    assert again.command is None and again.refused
+    assert again.reason.endswith("no other plane is up on every node")
+    # Plane a went down and came back on node-1: repaired, switched back after the hold.
+    fixed = _down(on_b, "node-1", "a", 10.0)
+    fixed = decide_plane(fixed, PlaneReported("node-1", "a", True, 11.0), ON).state
+    assert fixed.suspect == frozenset()
+    back = decide_plane(fixed, PlaneTick(now=16.0), ON)
+    assert back.command is not None and back.command.to == "a"
+    # Or an operator sends the job back at once, which clears the suspicion too.
+    by_hand = decide_plane(on_b, PlaneCommand(to="", at=7.0), ON)
+    assert by_hand.command is not None and by_hand.state.suspect == frozenset()
+    # Failover off, or a switch under way: the ladder's, nothing here.
+    assert decide_plane(_all_up(), CollectiveFailed("r", 5.0), OFF).command is None
+    assert decide_plane(d.state, CollectiveFailed("r", 5.5), ON).command is None
 
 
 def test_every_row_of_the_docstring_has_a_test() -> None:
