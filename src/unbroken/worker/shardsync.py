@@ -180,11 +180,12 @@ class ShardSync:
         return init_device_mesh(self._device, self._shape, mesh_dim_names=self._names)
 
     def replay_mesh(self) -> None:
-        """Build and let go of the mesh a replacement's script builds before
-        ``unbroken.worker.init`` (collective over the new default group; see the module doc)."""
+        """Build the mesh a replacement's script builds before ``unbroken.worker.init``
+        (collective over the new default group; see the module doc). Its groups are let go
+        at :meth:`attach`, once every rank connected the next mesh: a peer still connecting
+        this one (a replacement is slower to get there) would see its links close."""
         mesh = self._mesh()
-        for d in range(mesh.ndim):
-            dist.destroy_process_group(mesh.get_group(d))
+        self._owned = [mesh.get_group(d) for d in range(mesh.ndim)]
 
     def attach(self, group: dist.ProcessGroup) -> None:
         """Move the model onto a new mesh of the same shape over ``group`` (the default group
@@ -194,7 +195,9 @@ class ShardSync:
         for d in range(mesh.ndim):  # a hung peer fails the step within the timeout
             set_group_timeout(mesh.get_group(d), self.timeout)
         rebind(self.model, mesh)
-        for stale in self._owned:  # the script's own mesh's groups, not used from now on
+        # The script's own mesh's groups (or the replayed ones), not used from now on: every
+        # rank is past them, since it connected the mesh just built.
+        for stale in self._owned:
             try:
                 dist.destroy_process_group(stale)
             except (ValueError, RuntimeError) as e:
