@@ -149,3 +149,31 @@ def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_gr
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[2, 3])
     assert digest(run_dir) == hsdp_fault_free.digest
+
+
+def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
+    run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
+) -> None:
+    """The ``retry`` rung: rank 2's parameter shard is corrupt at step 25 (the step fails before
+    it shares anything); no process restarts, its shard comes from rank 0."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=HSDP,
+        replace={
+            **HSDP_SCRIPT,
+            'recover-strategy: "recover-in-place"': 'recover-strategy: "retry,recover-in-place"',
+        },
+    )
+    res = run_job(run_dir, "--chaos", FIXTURES / "memory-rank.yaml", job=job)
+    assert res.rc == 0, res.explain()
+    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    assert incident[0]["source"] == "device-memory" and incident[0]["ranks"] == [2], incident[0]
+    assert incident[1]["strategy"] == "retry", incident[1]
+    (loaded,) = of_kind(incident, "StateLoaded")
+    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, 25, "replica"), loaded
+    assert recomputed_steps(run_dir) == 0
+    assert_healthy_ranks_kept_their_processes(evs, replaced=[])
+    assert digest(run_dir) == hsdp_fault_free.digest

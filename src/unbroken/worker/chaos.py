@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from unbroken.worker.failure import DeviceMemoryError
 from unbroken.worker.linkfault import reset_links
@@ -135,8 +136,11 @@ def _memory_error(
     recovery the step fails without contributing a gradient (the rank leaves the group and
     its corrupt state is repaired from a replica); without it the process dies of it."""
     first = next(iter(model.parameters()))
+    # A sharded parameter's memory is this rank's shard: writing through the DTensor would run
+    # a collective of its own.
+    local = first.to_local() if isinstance(first, DTensor) else first
     with torch.no_grad():
-        first.view(-1)[0] = float("nan")
+        local.view(-1)[0] = float("nan")
     error = DeviceMemoryError(
         f"uncorrectable device memory error {MEMORY_ERROR_CODE} in rank {rank} at step {step} "
         "(injected): parameter memory is corrupt"
