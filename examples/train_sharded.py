@@ -14,6 +14,11 @@ Runs unchanged under plain torchrun and under ``unbroken launch``::
 ``hsdp``  ``fully_shard`` on a 2-D device mesh ``(replicate, shard)`` of ``--replicas`` groups:
           each group shards the state, and the groups hold replicas of each other's shards.
 
+Under ``unbroken launch`` an ``hsdp`` job of 2 or more replica groups recovers in process (a
+lost rank's shards come from the other replica group; the script builds its one device mesh
+before ``ub.init``, as a replacement process must); ``zero`` and ``fsdp`` hold each shard once
+and restart from the newest checkpoint.
+
 Everything that decides the result is a function of ``--seed`` and the data-parallel rank:
 initial weights, each rank's batch of each step. The script writes ``--result`` (rank 0) as
 JSON: steps trained, world size, start step and the sha256 digest of the full model and

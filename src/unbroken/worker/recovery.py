@@ -249,9 +249,9 @@ class Recovery:
         generation: int,
         checkpointer: Checkpointer | None,
     ) -> Recovery | None:
-        """Recovery for a DDP model on more than one rank, when DDP's configuration allows it
-        (None otherwise: a replacement process then cannot start, anything else trains on
-        without it)."""
+        """Recovery for a DDP model on more than one rank, when DDP's configuration allows it,
+        or for an HSDP model whose every shard has a replica (None otherwise: a replacement
+        process then cannot start, anything else trains on without it)."""
         model = state.model
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         refusal = in_process_refusal(state.sharding) if ranks > 1 else None
