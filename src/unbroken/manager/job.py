@@ -182,8 +182,8 @@ class JobManager:
         #: stream is still open (unbroken.manager.service: the protocol at scale).
         self.heartbeat_s = heartbeat_interval_s(len(job.pods))
         self.silence_s = silence_timeout_s(self.heartbeat_s, self.opt.agent_timeout_s)
-        #: Agents (pod, pid) whose order stream ended while their pod ran.
-        self.streams_broken: set[tuple[str, int]] = set()
+        #: Agents (pod, pid) whose order stream ended while their pod ran, and when.
+        self.streams_broken: dict[tuple[str, int], float] = {}
         #: What scans every rank (stragglers, steady progress) and the status run once per half
         #: heartbeat interval at most, not on every tick: they grow with N, and at 1000 nodes
         #: the status alone took 60 ms every 0.5 s (bench/scale.py). A small job scans every
@@ -502,9 +502,9 @@ class JobManager:
                 else:
                     msg.reply.put({"ok": True, "detail": d.reason})
             case method if method == STREAM_OPENED:
-                self.streams_broken.discard((str(body["pod"]), int(body["pid"])))
+                self.streams_broken.pop((str(body["pod"]), int(body["pid"])), None)
             case method if method == STREAM_CLOSED:
-                self.streams_broken.add((str(body["pod"]), int(body["pid"])))
+                self.streams_broken[(str(body["pod"]), int(body["pid"]))] = msg.at or self.clock()
             case method if method in (HELLO, HEARTBEAT, REPORT):
                 sender, report = decode_report(method, body)
                 heard = msg.at or self.clock()
@@ -696,6 +696,7 @@ class JobManager:
         self._write_status(now)
 
     def _check_agents(self, now: float) -> None:
+        silent_pods: list[tuple[PodProcess, str]] = []
         for pod in list(self.pods.values()):
             if pod.finished or pod.stopped or pod.lost:
                 continue
@@ -705,13 +706,44 @@ class JobManager:
                     self._node_lost(pod, now, "its agent never reported")
                 continue
             silent = now - pod.last_heartbeat_at
-            # Silent for agent_timeout_s with its order stream broken, or for silence_s (the
-            # same for a small job) with it open: the node is lost.
-            if silent > self.opt.agent_timeout_s and (
-                silent > self.silence_s or (pod.pod, pod.pid) in self.streams_broken
-            ):
+            broken_at = self.streams_broken.get((pod.pod, pod.pid))
+            # Silent for agent_timeout_s since its order stream broke, or for silence_s (the
+            # same for a small job) at all: the node is lost. Counted from the break, the nodes
+            # of a rack that goes at once are lost in the same tick, one incident, not spread
+            # over a heartbeat interval (bench/scale.py's rack burst). In a large job an agent
+            # that said hello but has not yet started its ranks, its stream open, has until
+            # agent_start_timeout_s: a thousand agents start at once and their first reports
+            # queue behind each other (bench/scale.py: 1000 nodes lost at start).
+            limit = self.silence_s
+            if not pod.rank_pids and self.heartbeat_s > HEARTBEAT_FLOOR_S:
+                limit = max(limit, self.opt.agent_start_timeout_s)
+            quiet = None if broken_at is None else now - max(broken_at, pod.last_heartbeat_at)
+            over = silent > self.opt.agent_timeout_s and silent > limit
+            broke = quiet is not None and quiet > self.opt.agent_timeout_s
+            if over and (broke or self.heartbeat_s <= HEARTBEAT_FLOOR_S or silent > 2 * limit):
                 pod.lost = True
                 self._node_lost(pod, now, f"its agent missed heartbeats for {silent:.2f} s")
+            elif broke:
+                pod.lost = True
+                why = f"its agent's order stream broke {quiet:.2f} s ago, nothing since"
+                self._node_lost(pod, now, why)
+            elif over:
+                silent_pods.append((pod, f"its agent missed heartbeats for {silent:.2f} s"))
+        # Many agents silent at once with their streams open says more of the control plane
+        # (its host stalled, its own backlog) than of the nodes: in a large job, more than a
+        # tenth of the pods silent in one check wait up to a second limit before they are
+        # lost (Kubernetes stops evicting when most of a zone's nodes look down).
+        storm = self.heartbeat_s > HEARTBEAT_FLOOR_S and len(silent_pods) > 0.1 * len(self.pods)
+        if storm:
+            log.warning(
+                "%d agents silent at once with their streams open: held as a control-plane "
+                "stall until twice their silence limit",
+                len(silent_pods),
+            )
+            return
+        for pod, why in silent_pods:
+            pod.lost = True
+            self._node_lost(pod, now, why)
 
     def _node_lost(self, pod: PodProcess, now: float, why: str) -> None:
         # Whatever is left of the pod's processes is unsupervised now: end it.
