@@ -104,11 +104,14 @@ class Mailbox:
     async def get(self) -> JsonObj:
         # The waiter is set before the deque is looked at again: an item put in between is
         # either seen here or wakes the event.
-        while not self._items:
-            event = asyncio.Event()
-            self._waiter = (asyncio.get_running_loop(), event)
-            if not self._items:
-                await event.wait()
+        try:
+            while not self._items:
+                event = asyncio.Event()
+                self._waiter = (asyncio.get_running_loop(), event)
+                if not self._items:
+                    await event.wait()
+        finally:
+            self._waiter = None  # a stream gone (cancelled) is woken no more
         return self._items.popleft()
 
 
