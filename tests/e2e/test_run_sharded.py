@@ -115,7 +115,8 @@ def test_hsdp_killed_rank_is_recovered_in_place_from_its_replica(
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[3])
     assert digest(run_dir) == hsdp_fault_free.digest
-    assert "state from rank" in (run_dir / "pods" / HSDP_WORKER / "logs" / "rank3.log").read_text()
+    log = (run_dir / "pods" / HSDP_WORKER / "logs" / "rank3.log").read_text()
+    assert "recovered into generation 1 at step 25 (state from rank 1)" in log, log[-2000:]
 
 
 def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_group(

@@ -616,7 +616,7 @@ class Recovery:
             command.rank,
             command.generation,
             repaired.step,
-            f"state from rank {command.source}" if repaired.received else "own state kept",
+            f"state from rank {repaired.source}" if repaired.received else "own state kept",
         )
         return repaired.step
 

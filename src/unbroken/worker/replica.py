@@ -94,6 +94,7 @@ class Repaired:
     step: int  # committed steps after the repair = the step to run next
     received: bool  # this rank took the source's state
     receivers: tuple[int, ...]  # every rank that did
+    source: int = -1  # the rank this rank's shard came from or was compared with (-1: none)
 
 
 def _gather(state: RankState, group: dist.ProcessGroup | None) -> list[RankState]:
@@ -248,7 +249,7 @@ def repair(
             f"ranks {', '.join(str(s.rank) for s in differ)} differ from the replica source "
             f"rank(s) {named} after the repair: " + "; ".join(s.describe() for s in after)
         )
-    return Repaired(step=committed, received=received, receivers=receivers)
+    return Repaired(step=committed, received=received, receivers=receivers, source=my_source)
 
 
 # -- the wire format -------------------------------------------------------------------------
