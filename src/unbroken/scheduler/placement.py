@@ -24,6 +24,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -74,7 +75,7 @@ def place(
 ) -> Placement | Unschedulable:
     """Place all of ``pods`` or none of them (see the module doc)."""
     names = [p.name for p in pods]
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    repeated = sorted(n for n, k in Counter(names).items() if k > 1)  # not N^2
     if repeated:
         raise ValueError(f"pods must be placed once each; repeated: {', '.join(repeated)}")
     if not pods:
@@ -116,12 +117,18 @@ def _attempt(
     order = sorted(range(len(rest)), key=lambda i: (-rest[i].devices_needed, i))
     nodes = [n for n in cluster.nodes if n.name not in last]
     nodes += [n for n in cluster.nodes if n.name in last]
+    # First fit, resumed where the last pod of the same size stopped: a node that did not fit
+    # a size never will in this attempt (nodes are only taken), and scanning from the first
+    # node for every pod made a job's placement N^2 (10k nodes: minutes; bench/scale.py).
+    resume: dict[int, int] = {}
     for i in order:
         pod = rest[i]
-        node = next((n for n in nodes if fits(n, pod)), None)
-        if node is None:
+        start = resume.get(pod.devices_needed, 0)
+        at = next((k for k in range(start, len(nodes)) if fits(nodes[k], pod)), None)
+        if at is None:
             return Unschedulable(pod.name, _why(cluster, pod, occupied, taken))
-        take(node, pod)
+        resume[pod.devices_needed] = at + 1
+        take(nodes[at], pod)
     return Placement(tuple(chosen[p.name] for p in pods))
 
 
