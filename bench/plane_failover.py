@@ -3,12 +3,15 @@
 Two hosts (network namespaces, each with a veth on plane A and one on plane B; root needed), the
 control plane (``unbroken serve``) on the root namespace's plane-B address, each host's agent
 declaring ``--plane a=pa0 --plane b=pb0``; the job is ``examples/train_mlp.py``, 2 pods x 2 ranks
-(tests/fixtures/e2e/plane-failover.yaml with more steps). Each round takes host 1's plane-A
-link down (``ip link set DEV down``) until the failover to plane B committed a step, brings it
-up again, and waits for the automatic switchback (5 s of plane A up on every node). The figures
-are the ledger's: ``PlaneFailover.pause_s`` and ``PlaneSwitchback.pause_s`` (from the pause to
-the first step committed on the new plane), and the detection (the link down to the agent's
-report). Prints a table and the load average before and after.
+(tests/fixtures/e2e/plane-failover.yaml with more steps). Each round resets host 1's plane-A
+connections with every carrier up (``ss -K``: a failed collective, failed over to plane B as
+the plane's fault), switches back with ``unbroken link switchback``, then takes host 1's
+plane-A link down (``ip link set DEV down``) until the failover to plane B committed a step,
+brings it up again, and waits for the automatic switchback (5 s of plane A up on every node).
+The figures are the ledger's: ``PlaneFailover.pause_s`` and ``PlaneSwitchback.pause_s`` (from
+the pause to the first step committed on the new plane), the failed collective's MTTR
+(``RecoveryCompleted``), and the detection (the link down to the agent's report). Prints a
+table and the load average before and after.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/plane_failover.py [--rounds 3]
 """
@@ -90,7 +93,7 @@ def main() -> int:
         return 1
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     work = Path(tempfile.mkdtemp(prefix="plane-bench-"))
-    steps = 60 + args.rounds * 100  # enough steps for every round at any load
+    steps = 60 + args.rounds * 250  # enough steps for every round at any load
     text = JOB.read_text().replace("--steps=60", f"--steps={steps}")
     text = re.sub(r"--step-sleep=[0-9.]+", f"--step-sleep={args.step_sleep}", text)
     text = text.replace("../../../examples/", f"{REPO}/examples/")
@@ -119,14 +122,26 @@ def main() -> int:
         downs: list[float] = []
         for r in range(args.rounds):
             time.sleep(2.0)  # training on plane A between rounds
-            h.set_link(1, up=False, plane=0)
+            # Host 1's plane-A connections reset, carriers up: a failed collective.
+            reset = ["ss", "-K", "-H", "-t", "-4", "state", "established"]
+            cut = h.argv(1, [*reset, "src", h.address(1, 0)])
+            subprocess.run(cut, check=True, capture_output=True, timeout=10)
+            _wait(_more(run_dir, "PlaneFailover", 2 * r), "a failover", 60)
+            back_cmd = [sys.executable, "-m", "unbroken", "link", "switchback"]
+            back_cmd += ["--run", str(run_dir)]
+            done = subprocess.run(back_cmd, env=_env(), capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"plane_failover: link switchback: {done.stderr.strip()!r}")
+            time.sleep(2.0)
+            h.set_link(1, up=False, plane=0)  # host 1's plane-A link down
             downs.append(time.time())
-            _wait(_more(run_dir, "PlaneFailover", r), "a failover", 60)
+            _wait(_more(run_dir, "PlaneFailover", 2 * r + 1), "a failover", 60)
             h.set_link(1, up=True, plane=0)
-            _wait(_more(run_dir, "PlaneSwitchback", r), "a switchback", 60)
+            _wait(_more(run_dir, "PlaneSwitchback", 2 * r + 1), "a switchback", 60)
         procs[0].wait(timeout=600)
         fail = _kinds(run_dir, "PlaneFailover")
         back = _kinds(run_dir, "PlaneSwitchback")
+        mttr = [float(e["phases_s"]["mttr"]) for e in _kinds(run_dir, "RecoveryCompleted")]
         seen = [e for e in _kinds(run_dir, "PlaneChanged") if not e["up"]]
         detect = [float(e["changed_at"]) - t for e, t in zip(seen, downs, strict=False)]
     finally:
@@ -149,9 +164,12 @@ def main() -> int:
 
     print(f"| phase (s) | rounds 1..{args.rounds} | median |")
     print("|---|---|---|")
-    print(row("plane A down -> agent's report", detect))
-    print(row("failover pause (cut, stop, regroup on B, first step)", _pauses(fail)))
-    print(row("switchback pause (planned, at a step boundary)", _pauses(back)))
+    print(row("collective failed (links reset, carriers up): MTTR", mttr))
+    print(row("... its failover pause (stop, regroup on B, redo, commit)", _pauses(fail[::2])))
+    print(row("operator's switchback pause (`unbroken link switchback`)", _pauses(back[::2])))
+    print(row("plane A link down -> the agent's report", detect))
+    print(row("... failover pause (cut, stop, regroup on B, first step)", _pauses(fail[1::2])))
+    print(row("automatic switchback pause (5 s up, at a step boundary)", _pauses(back[1::2])))
     print(f"\nload average before {' '.join(load_before)}, after {' '.join(load_after)}")
     return 0
 
