@@ -40,3 +40,5 @@ def test_the_load_harness_recovers_every_fault_and_prints_its_table() -> None:
     for name in ("decision p50 ms", "place ms", "orders to all ms", "manager RSS MiB"):
         assert float(rows[name][0]) >= 0, name
     assert float(rows["heartbeats/s handled"][0]) > 0
+    # A job this small keeps the agents' own 0.1 s heartbeat (the hello's answer says so).
+    assert rows["heartbeat interval s"][0] == "0.10"
