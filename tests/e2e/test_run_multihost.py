@@ -74,6 +74,8 @@ def _join(
         str(token),
         "--node",
         node,
+        "--devices",
+        "2",
     ]
     if private is not None:
         private.mkdir(parents=True, exist_ok=True)
@@ -129,8 +131,8 @@ def test_host_agents_join_over_the_bridge_and_refuse_bad_tokens_and_downed_links
                 time.sleep(0.1)
             joined = {n.node: n for n in registry.nodes()}
             assert {k: (v.address, v.devices) for k, v in joined.items()} == {
-                "node-0": (h.address(0), 1),
-                "node-1": (h.address(1), 1),
+                "node-0": (h.address(0), 2),
+                "node-1": (h.address(1), 2),
             }
             # The control plane closing the order streams ends the agents, exit 0.
             commands.closed.set()
@@ -241,7 +243,8 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
         try:
             wait_for(lambda: (run_dir / "control.json").exists(), "the control plane", 60.0)
             for i in range(3):
-                env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0]}
+                # TMPDIR: a host agent killed with its host leaves its spare's directory here.
+                env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0], "TMPDIR": str(tmp_path)}
                 own = run_dir / "pods" if private else None
                 agents.append(_join(h, i, control, token, f"node-{i}", env, own))
             if fault in ("lost-host", "downed-link"):
@@ -267,6 +270,9 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
             if fault == "lost-host":  # host 1's pod went to the spare host, node-2
                 placed = [(e["pod"], e["node"]) for e in of_kind(events(run_dir), "PodPlaced")]
                 assert len(placed) > 2 and placed[-1][1] == "node-2", placed
+                # ... where the host's warm spare agent took it (torch imported already).
+                log = (run_dir / "pods" / placed[-1][0] / "agent.log").read_text()
+                assert f"=== agent for {placed[-1][0]} on node-2 (warm spare" in log, log
         finally:
             for p in (serve, *agents):
                 if p.poll() is None:
