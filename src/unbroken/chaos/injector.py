@@ -12,7 +12,6 @@ of how they were started; it returns what it did, for the ledger and the console
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +73,10 @@ class InjectionTarget(Protocol):
 
     def node_pids(self, node: str) -> list[int]:
         """The processes of the job on ``node`` now (agents and ranks)."""
+        ...
+
+    def signal_rank(self, rank: int, pid: int, sig: signal.Signals) -> None:
+        """Send ``sig`` to rank ``rank``'s process ``pid`` on the host it runs on."""
         ...
 
     def return_node(self, node: str) -> str:
@@ -162,8 +165,8 @@ class Injector:
         if kind in _SIGNALS:
             sig = _SIGNALS[kind]
             targets = self._ranks(rank, pod)
-            for _r, pid in targets:
-                os.kill(pid, sig)
+            for r, pid in targets:
+                self.t.signal_rank(r, pid, sig)
             return f"{kind}: sent {sig.name} to " + ", ".join(
                 f"rank {r} (pid {p})" for r, p in targets
             )

@@ -1057,6 +1057,16 @@ class JobManager:
     def return_node(self, node: str) -> str:
         return self.executor.return_node(node)
 
+    def signal_rank(self, rank: int, pid: int, sig: int) -> None:
+        """A rank of a pod on a joined host is signalled by that host's agent (its pid is that
+        host's); any other here."""
+        pod = self.pods.get(self.job.pod_of_rank(rank) or "")
+        registry = self.executor.remote_nodes
+        if registry is not None and pod is not None:
+            registry.order(pod.node, {"kind": "signal", "pid": pid, "sig": int(sig)})
+            return
+        os.kill(pid, sig)
+
     def node_pids(self, node: str) -> list[int]:
         return [
             pid

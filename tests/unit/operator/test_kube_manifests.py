@@ -138,3 +138,40 @@ def test_the_operator_listens_on_no_pod_port_and_probes_its_loopback() -> None:
     assert "httpGet" not in probe and "tcpSocket" not in probe
     command = " ".join(probe["exec"]["command"])
     assert f"http://127.0.0.1:{kube.HEALTH_PORT}/healthz" in command
+
+
+def test_a_jobs_own_control_plane_is_made_of_valid_objects() -> None:
+    """The Kubernetes example's job has process-level rungs: the operator's Secret, ConfigMap,
+    control-plane pod and host pods for it are valid for the README's Kubernetes version, and
+    the ConfigMap's job is the example job as `unbroken serve` reads it."""
+    kube = pytest.importorskip("unbroken.operator.kube")
+    from unbroken.operator import controlplane
+    from unbroken.spec import load_job, parse_job
+
+    path = ROOT / "examples" / "kubernetes" / "recover.yaml"
+    body = yaml.safe_load(path.read_text())
+    jsonschema.validate(body, _crd_schema())
+    body["metadata"]["uid"] = "uid-example"
+    job = kube.job_spec(body)
+    assert controlplane.wanted(job)
+    p = kube.job_plan(job)
+    owner = {
+        "apiVersion": "mindxdl.gitee.com/v1",
+        "kind": "AscendJob",
+        "name": job.name,
+        "uid": "u",
+    }
+    control, hosts = controlplane.names(job.name, p.cluster.nodes)
+    docs = [
+        controlplane.secret_manifest(body, controlplane.make_token(), owner),
+        controlplane.config_manifest(body, kube.job_document(body), p, owner),
+        controlplane.control_pod(body, p, owner),
+        *(controlplane.host_pod(body, p, h, owner) for h in hosts),
+    ]
+    version = _kubernetes_version()
+    for doc in docs:
+        assert kubernetes_validate.validate(doc, version, strict=True) == version
+    assert [d["metadata"]["name"] for d in docs[2:]] == [control, *hosts]
+    served = parse_job(docs[1]["data"]["job.yaml"], Path("job.yaml"))
+    assert served.fault_handling == load_job(path).fault_handling
+    assert served.world_size == 4 and p.cluster.nodes == 3
