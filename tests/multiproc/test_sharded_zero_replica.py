@@ -1,0 +1,76 @@
+"""The replica optimizer of ZeRO-1 over DDP (:mod:`unbroken.worker.zero`): every rank's replica
+of its partner's partition is bitwise the partner's own state, step after step, with no extra
+communication; a rank that lost its optimizer state takes its partition from the next rank's
+replica and its replica from the previous rank's partition, and training ends bitwise equal to
+a run without the loss. The transfer plan is table-tested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from worker_ranks import REPO, Cluster
+
+from unbroken.worker.zero import ZeroReplicaError, mismatches, plan_transfers
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(600)]
+
+SCRIPT = REPO / "tests" / "multiproc" / "sharded_zero_replica_rank.py"
+
+
+def test_replica_is_bitwise_its_partners_partition_and_repairs_a_lost_rank(
+    tmp_path: Path,
+) -> None:
+    results = []
+    for lose, out in ((-1, tmp_path / "clean"), (2, tmp_path / "repaired")):
+        out.mkdir()
+        cluster = Cluster(out, world_size=4, script=SCRIPT)
+        try:
+            cluster.start(["--out", str(out), "--lose", str(lose)], managed=False).expect_success()
+        finally:
+            cluster.close()
+        results.append((out / "result.txt").read_text().splitlines())
+    assert results[0][0] == "[0, 0, 0, 0]"
+    # Rank 2 received twice; rank 3 sent its replica of partition 2, rank 1 its own partition.
+    assert results[1][0] == "[0, 1, 2, 1]"
+    assert results[1][1] == results[0][1]
+
+
+@pytest.mark.parametrize(
+    ("lost", "size", "expected"),
+    [
+        ([2], 4, [(3, 2, "own"), (1, 2, "replica")]),
+        ([0], 4, [(1, 0, "own"), (3, 0, "replica")]),
+        ([3], 4, [(0, 3, "own"), (2, 3, "replica")]),
+        ([0, 2], 4, [(1, 0, "own"), (3, 0, "replica"), (3, 2, "own"), (1, 2, "replica")]),
+        ([1], 2, [(0, 1, "own"), (0, 1, "replica")]),
+        ([], 4, []),
+    ],
+)
+def test_each_lost_partition_comes_from_its_other_holder(
+    lost: list[int], size: int, expected: list[tuple[int, int, str]]
+) -> None:
+    assert plan_transfers(lost, size) == expected
+
+
+@pytest.mark.parametrize(
+    ("lost", "size", "message"),
+    [
+        ([1, 2], 4, r"partition 1 is lost with both its holders \(ranks 1 and 2\)"),
+        ([3, 0], 4, r"partition 3 is lost with both its holders \(ranks 3 and 0\)"),
+        ([0], 1, "a ZeRO group of 1 rank keeps no replica"),
+        ([4], 4, r"rank\(s\) \[4\] are not in a ZeRO group of 4"),
+    ],
+)
+def test_a_partition_without_a_holder_left_is_refused(
+    lost: list[int], size: int, message: str
+) -> None:
+    with pytest.raises(ZeroReplicaError, match=message):
+        plan_transfers(lost, size)
+
+
+def test_a_replica_that_differs_from_its_partner_is_named() -> None:
+    a, b, c = b"a" * 32, b"b" * 32, b"c" * 32
+    # (own, replica) per rank: rank r's replica must equal rank r-1's own.
+    assert mismatches([(a, c), (b, a), (c, b)]) == []
+    assert mismatches([(a, c), (b, b), (c, b)]) == [1]
