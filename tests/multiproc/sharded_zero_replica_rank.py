@@ -67,11 +67,16 @@ def main() -> None:
         verify(replica)
         if not replica.params_match():
             raise ZeroReplicaError(f"rank {rank}: the replica's parameters differ after {step}")
-    done = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(done, torch.tensor([transfers]))
+    done = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
+    tensors = sum(len(g["params"]) for g in replica.optim.param_groups)
+    mine = [transfers, replica.extra_bytes() - 4 * tensors, replica.numel]  # less Adam's steps
+    dist.all_gather(done, torch.tensor(mine))
     digest = full_digest(model, opt)
     if rank == 0:
-        (Path(args.out) / "result.txt").write_text(f"{[int(t) for t in done]}\n{digest}\n")
+        (Path(args.out) / "result.txt").write_text(
+            f"{[int(t[0]) for t in done]}\n{digest}\n"
+            + f"{sum(int(t[1]) for t in done)} {sum(int(t[2]) for t in done)}\n"
+        )
     dist.destroy_process_group()
 
 

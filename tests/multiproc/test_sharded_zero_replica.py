@@ -34,6 +34,11 @@ def test_replica_is_bitwise_its_partners_partition_and_repairs_a_lost_rank(
     # Rank 2 received twice; rank 3 sent its replica of partition 2, rank 1 its own partition.
     assert results[1][0] == "[0, 1, 2, 1]"
     assert results[1][1] == results[0][1]
+    # Each replica holds a copy of its partner's parameters and their two moments: 12 bytes
+    # per parameter of the partition (fp32 AdamW), each parameter in one partition.
+    replica_bytes, covered = map(int, results[0][2].split())
+    assert covered == (32 * 64 + 64) + (64 * 64 + 64) + (64 * 8 + 8)  # train_sharded's MLP
+    assert replica_bytes == 12 * covered
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,13 @@ class ReplicaOptimizer:
         """Parameters of the partner's partition."""
         return sum(p.numel() for p in self._sources)
 
+    def extra_bytes(self) -> int:
+        """Bytes this replica holds: the parameter copies and the replica's optimizer state."""
+        tensors = list(self._copies) + [
+            v for values in self.optim.state.values() for v in values.values()
+        ]
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
     def install(self) -> ReplicaOptimizer:
         """Wrap ``zero.step`` so that the replica steps with it (once)."""
         if self._installed:
