@@ -16,8 +16,9 @@ Runs unchanged under plain torchrun and under ``unbroken launch``::
 
 Under ``unbroken launch`` an ``hsdp`` job of 2 or more replica groups recovers in process (a
 lost rank's shards come from the other replica group; the script builds its one device mesh
-before ``ub.init``, as a replacement process must); ``zero`` and ``fsdp`` hold each shard once
-and restart from the newest checkpoint.
+before ``ub.init``, as a replacement process must), and so does ``zero`` with
+``--replica-optimizer`` (each rank also keeps the previous rank's optimizer partition);
+``zero`` without it and ``fsdp`` hold each shard once and restart from the newest checkpoint.
 
 Everything that decides the result is a function of ``--seed`` and the data-parallel rank:
 initial weights, each rank's batch of each step. The script writes ``--result`` (rank 0) as
@@ -107,6 +108,11 @@ def main() -> None:
         action="store_true",
         help="also write the digest of the state the run starts from (a collective after init)",
     )
+    p.add_argument(
+        "--replica-optimizer",
+        action="store_true",
+        help="zero: each rank also keeps the previous rank's optimizer partition",
+    )
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds of 'compute'")
     args = p.parse_args()
 
@@ -136,7 +142,12 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
 
     session = ub.init(
-        model, opt, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, seed=args.seed
+        model,
+        opt,
+        ckpt_dir=args.ckpt_dir,
+        ckpt_every=args.ckpt_every,
+        seed=args.seed,
+        replica_optimizer=args.replica_optimizer,
     )
     start_digest = full_digest(model, opt) if args.start_digest else None
     for step in session.steps(args.steps):

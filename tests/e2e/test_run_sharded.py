@@ -178,3 +178,33 @@ def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[])
     assert digest(run_dir) == hsdp_fault_free.digest
+
+
+# -- ZeRO with a replica optimizer: every partition is held twice --------------------------------
+
+ZERO_REPLICA = FIXTURES / "sharded-zero-replica.yaml"  # every rung; ZeRO-1 with replicas
+
+
+def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """Rank 3's optimizer partition comes from rank 0's replica of it, its replica of
+    partition 2 from rank 2; the model and the rest from the command's source."""
+    job = write_job(tmp_path / "job.yaml", job=ZERO_REPLICA, replace=HSDP_SCRIPT)
+    fault_free = tmp_path / "fault-free"
+    res = run_job(fault_free, job=job)
+    assert res.rc == 0 and "0 fault(s)" in res.stdout, res.explain()
+
+    res = run_job(run_dir, "--chaos", KILL, job=job)
+    assert res.rc == 0, res.explain()
+    assert "job e2e-zero: SUCCEEDED" in res.stdout, res.explain()
+    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    assert incident[0]["code"] == "signal:SIGKILL" and incident[0]["ranks"] == [3], incident[0]
+    assert incident[1]["strategy"] == "recover-in-place", incident[1]
+    (loaded,) = of_kind(incident, "StateLoaded")
+    assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
+    assert recomputed_steps(run_dir) == 0
+    assert_healthy_ranks_kept_their_processes(evs, replaced=[3])
+    assert digest(run_dir) == digest(fault_free)

@@ -56,11 +56,15 @@ def _files_with(path: Path, prefix: str) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("parallel", ["zero", "fsdp"])
+@pytest.mark.parametrize(
+    ("parallel", "extra"), [("zero", []), ("fsdp", []), ("zero", ["--replica-optimizer"])]
+)
 def test_sharded_run_resumes_bitwise_from_its_checkpoint(
-    tmp_path: Path, references: dict[str, str], parallel: str
+    tmp_path: Path, references: dict[str, str], parallel: str, extra: list[str]
 ) -> None:
-    common = ["--parallel", parallel, "--ckpt-dir", "ckpt", "--ckpt-every", "5"]
+    """With a replica optimizer the resumed ranks fill their replicas from their partners
+    (the checkpoint holds each partition once) and check them; training is the same."""
+    common = ["--parallel", parallel, "--ckpt-dir", "ckpt", "--ckpt-every", "5", *extra]
     first = _run(tmp_path, 2, [*common, "--steps", "12"])
     assert first["steps"] == 12
     ckpt = step_dir(tmp_path / "ckpt", 10)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from worker_ranks import REPO, Cluster
 
+from unbroken.worker.sharding import Layout, Sharding, in_process_refusal
 from unbroken.worker.zero import ZeroReplicaError, mismatches, plan_transfers
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(600)]
@@ -79,3 +80,20 @@ def test_a_replica_that_differs_from_its_partner_is_named() -> None:
     # (own, replica) per rank: rank r's replica must equal rank r-1's own.
     assert mismatches([(a, c), (b, a), (c, b)]) == []
     assert mismatches([(a, c), (b, b), (c, b)]) == [1]
+
+
+@pytest.mark.parametrize(
+    ("partner_replicas", "world", "refused"),
+    [(True, 4, False), (True, 2, False), (False, 4, True), (False, 2, True)],
+)
+def test_zero_takes_the_in_process_rungs_only_with_its_replicas(
+    partner_replicas: bool, world: int, refused: bool
+) -> None:
+    zero = Sharding(Layout.ZERO, tuple(range(world)), frozenset({"optimizer"}), partner_replicas)
+    assert zero.unreplicated is refused
+    reason = in_process_refusal(zero)
+    assert (reason is not None) is refused, reason
+    if refused:
+        assert reason is not None and "a lost rank's shard has no replica" in reason
+    else:
+        assert "each also held by the next rank" in zero.describe()

@@ -20,9 +20,10 @@ from unbroken.spec import JobSpec, SpecError, load_cluster, load_job
 IN_PROCESS_RUNGS = ("retry", "recover-in-place", "recover", "dump")
 IN_PROCESS_NOTE = (
     "in process only where every rank's state has a replica on another rank, as each rank's "
-    "session declares when it starts (its heartbeat's recoverable flag): DDP, and HSDP with 2 "
-    "or more replica groups (dump: DDP only, last words need the whole state on one rank); "
-    "FSDP2 with one copy of each shard and ZeRO skip them for the checkpoint rung"
+    "session declares when it starts (its heartbeat's recoverable flag): DDP, HSDP with 2 "
+    "or more replica groups and ZeRO with a replica optimizer (dump: DDP only, last words "
+    "need the whole state on one rank); FSDP2 with one copy of each shard and ZeRO without "
+    "a replica optimizer skip them for the checkpoint rung"
 )
 
 

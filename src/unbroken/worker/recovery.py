@@ -65,11 +65,14 @@ the manager kills a hung rank, which makes the others fail at once.
 HSDP (FSDP2 on a mesh of two or more replica groups) recovers the same way: its all-gather,
 reduce-scatter and replica all-reduce fail the step (:mod:`unbroken.worker.shardsync` in place
 of the DDP hook), step 3 rebuilds the device mesh over the new generation's group and moves the
-model onto it instead of replaying DDP's constructor, and step 4 repairs shard by shard. Other
-sharded state (ZeRO, FSDP2 without replicas: :mod:`unbroken.worker.sharding`) turns in-process
-recovery off, with the reason in the rank's log, and the rank's heartbeat says it cannot be
-repaired in process, so the manager skips the in-process rungs and restarts the job from its
-newest checkpoint, which restores every shard exactly (:mod:`unbroken.checkpoint.modelstate`).
+model onto it instead of replaying DDP's constructor, and step 4 repairs shard by shard. ZeRO
+over DDP with a replica optimizer (:mod:`unbroken.worker.zero`) recovers as DDP does, its
+optimizer given the new group, each lost partition repaired from its replica. Other sharded
+state (ZeRO without one, FSDP2 without replicas: :mod:`unbroken.worker.sharding`) turns
+in-process recovery off, with the reason in the rank's log, and the rank's heartbeat says it
+cannot be repaired in process, so the manager skips the in-process rungs and restarts the job
+from its newest checkpoint, which restores every shard exactly
+(:mod:`unbroken.checkpoint.modelstate`).
 """
 
 from __future__ import annotations
@@ -538,6 +541,8 @@ class Recovery:
         # Drop every reference to the old groups first: gloo closes a group's connections
         # only when its last reference goes, and peers must see them close.
         self.sync.detach()
+        if self.state.zero_replica is not None:
+            self.state.zero_replica.zero.process_group = None  # the regroup sets the new one
         if self.checkpointer is not None:
             self.checkpointer.use_group(None)
         unbind_default_group_arguments()
@@ -648,6 +653,9 @@ class Recovery:
             self.sync.replay_mesh()  # what a replacement's script builds before init
         else:
             self._replay_ddp_init()
+        if self.state.zero_replica is not None:
+            # ZeRO broadcasts its updated partitions over the group it was built with.
+            self.state.zero_replica.zero.process_group = _default_group()
         if self.checkpointer is not None:
             self.checkpointer.use_group(*checkpoint_group(self.settings.ckpt_timeout_s))
         self.sync.attach(_default_group())

@@ -52,6 +52,7 @@ from torch.distributed.tensor import DTensor
 from unbroken.worker.sharding import Layout, Sharding
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.trainstate import TrainState
+from unbroken.worker.zero import ZeroReplicaError, repair_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -202,9 +203,10 @@ def repair(
     me = local_state(state, committed, suspect=suspect, fresh=fresh)
     states = _gather(me, None)
     sharding = state.sharding
-    if sharding.layout is Layout.REPLICATED:
+    if sharding.layout is Layout.REPLICATED or sharding.partner_replicas:
         # Every rank holds the whole state at any group size (an elastic job's group shrinks
-        # and grows under a session made at full size).
+        # and grows under a session made at full size). ZeRO with a replica optimizer: the
+        # rest of the state is replicated, the partitions are repaired after it.
         sharding = Sharding(Layout.REPLICATED, (0,) * len(states), frozenset())
     plan = plan_repair(states, sharding, source=source, step=step)
     sources = {holders: src_rank for holders, (src_rank, _) in plan.items()}
@@ -249,6 +251,11 @@ def repair(
             f"ranks {', '.join(str(s.rank) for s in differ)} differ from the replica source "
             f"rank(s) {named} after the repair: " + "; ".join(s.describe() for s in after)
         )
+    if state.zero_replica is not None and receivers:
+        try:
+            repair_partitions(state.zero_replica, receivers)
+        except ZeroReplicaError as e:
+            raise ReplicaError(str(e)) from e
     return Repaired(step=committed, received=received, receivers=receivers, source=my_source)
 
 
@@ -270,7 +277,7 @@ def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[to
         model_entries.append({"name": name, "tensor": len(tensors)})
         tensors.append(tensor.detach().contiguous())
     try:
-        sd = state.optimizer.state_dict()
+        sd = _optimizer_state_dict(state)
         optimizer = {
             "state": [
                 {
@@ -302,6 +309,20 @@ def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[to
         "tensors": table,
     }
     return description, tensors
+
+
+def _optimizer_state_dict(state: TrainState) -> dict[str, Any]:
+    """The optimizer's state dict; a ZeRO optimizer with a replica optimizer: its
+    hyperparameter groups (parameters by index) and no per-parameter state (its partitions
+    are repaired from their replicas, :func:`unbroken.worker.zero.repair_partitions`)."""
+    if state.zero_replica is None:
+        return state.optimizer.state_dict()
+    groups, start = [], 0
+    for group in state.optimizer.param_groups:
+        size = len(group["params"])
+        groups.append({**group, "params": list(range(start, start + size))})
+        start += size
+    return {"state": {}, "param_groups": groups}
 
 
 def _local_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -401,7 +422,7 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
     table: list[dict[str, Any]] = description["tensors"]
     own = _local_state_dict(state.module)
     _check_model(own, description["model"], table)
-    own_groups = state.optimizer.state_dict()["param_groups"]
+    own_groups = _optimizer_state_dict(state)["param_groups"]
     sent_sizes = [_group_size(g) for g in description["optimizer"]["param_groups"]]
     if [len(g["params"]) for g in own_groups] != sent_sizes:
         raise ReplicaError(
@@ -441,7 +462,12 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
             for item in description["optimizer"]["state"]
         }
         groups = [decode(g, tensors) for g in description["optimizer"]["param_groups"]]
-        state.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
+        if state.zero_replica is not None:
+            # Only the ZeRO optimizer's hyperparameters; its partition comes afterwards.
+            for own_group, sent in zip(state.optimizer.param_groups, groups, strict=True):
+                own_group.update({k: v for k, v in sent.items() if k != "params"})
+        else:
+            state.optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
         state.load_objects(description["objects"], tensors)
         if state.data is not None:
             sent = description.get("data")

@@ -64,6 +64,7 @@ from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
 from unbroken.worker.torchapi import PrefixStore, TCPStore, default_store
 from unbroken.worker.trainstate import TrainState
+from unbroken.worker.zero import fill_replicas
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,8 @@ class Session:
                 self._committed = joined
             elif self.checkpointer is not None:
                 self.restored = self.checkpointer.load_latest(self.model, self.optimizer)
+                if self.restored is not None and self.state.zero_replica is not None:
+                    fill_replicas(self.state.zero_replica)  # a checkpoint has no replicas
             if self.restored is not None:
                 self._restore_rank_state(self.restored)
             self.start_step = self._committed
@@ -588,6 +591,7 @@ def init(
     data: Any = None,
     agree_every: int = 100,
     virtual_ranks: int | None = None,
+    replica_optimizer: bool = False,
 ) -> Session:
     """Start this rank's training session (collective: every rank calls it).
 
@@ -610,6 +614,10 @@ def init(
     :attr:`Session.virtual_ranks` inside :meth:`Session.virtual_rank` and calls
     :meth:`Session.reduce_gradients` before the optimizer (:mod:`unbroken.worker.elastic`).
 
+    ``replica_optimizer=True`` with a ``ZeroRedundancyOptimizer`` over every rank keeps on each
+    rank a replica of the previous rank's optimizer partition (:mod:`unbroken.worker.zero`),
+    so a lost rank's partition is repaired in process instead of from a checkpoint.
+
     ``seed`` makes each step's random numbers a function of (seed, rank, step). A DDP model
     on more than one rank gets its gradients averaged by a hook that survives a failed
     collective (:mod:`unbroken.worker.commhook`) and, under an agent that gives the rank a
@@ -627,7 +635,13 @@ def init(
         raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s}")
     if agree_every < 0:
         raise ValueError(f"agree_every must be >= 0 (0: only after recoveries), got {agree_every}")
-    train_state = TrainState(model, optimizer, state, Batches(data) if data is not None else None)
+    train_state = TrainState(
+        model,
+        optimizer,
+        state,
+        Batches(data) if data is not None else None,
+        replica_optimizer=replica_optimizer,
+    )
     if command_timeout_s is None:
         raw = os.environ.get(COMMAND_TIMEOUT, "")
         try:

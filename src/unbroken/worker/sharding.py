@@ -52,6 +52,9 @@ class Sharding:
     layout: Layout
     shard_of: tuple[int, ...]  # rank -> index of the shard it holds
     sharded_parts: frozenset[str]  # parts of TrainState.digests that are per shard
+    #: ZeRO with a replica optimizer (:mod:`unbroken.worker.zero`): rank ``r + 1`` also holds
+    #: rank ``r``'s optimizer partition, so every partition is held twice.
+    partner_replicas: bool = False
 
     @property
     def world_size(self) -> int:
@@ -69,6 +72,8 @@ class Sharding:
     @property
     def unreplicated(self) -> bool:
         """Whether some shard is held by one rank only (a lost rank's shard has no replica)."""
+        if self.partner_replicas and self.world_size > 1:
+            return False
         return bool(self.sharded_parts) and any(
             len(self.holders(r)) < 2 for r in range(self.world_size)
         )
@@ -102,6 +107,11 @@ class Sharding:
         if not self.sharded_parts:
             return f"{self.layout}: every rank holds the whole state"
         copies = self.copies
+        if self.partner_replicas and self.world_size > 1:
+            return (
+                f"{self.layout}: optimizer in {self.shards} partition(s), each also held by "
+                "the next rank (replica optimizer)"
+            )
         text = (
             f"{self.layout}: {', '.join(sorted(self.sharded_parts))} in {self.shards} shard(s), "
             f"{copies} cop{'y' if copies == 1 else 'ies'} of each"
@@ -163,12 +173,20 @@ def _zero_sharding(optimizer: ZeroRedundancyOptimizer, world: int) -> tuple[int,
 
 
 def sharding_of(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    world_size: int,
+    *,
+    partner_replicas: bool = False,
 ) -> Sharding:
-    """The layout of ``model`` and ``optimizer`` in a job of ``world_size`` ranks."""
+    """The layout of ``model`` and ``optimizer`` in a job of ``world_size`` ranks
+    (``partner_replicas``: a ZeRO optimizer keeps a replica optimizer)."""
     if is_zero(optimizer):
         return Sharding(
-            Layout.ZERO, _zero_sharding(optimizer, world_size), frozenset({"optimizer"})
+            Layout.ZERO,
+            _zero_sharding(optimizer, world_size),
+            frozenset({"optimizer"}),
+            partner_replicas,
         )
     for param in model.parameters():
         if isinstance(param, DTensor):
@@ -186,8 +204,10 @@ def in_process_refusal(sharding: Sharding) -> str | None:
     with two or more replica groups recovers in process: its collectives fail a step instead
     of the process (:mod:`unbroken.worker.shardsync`), every rank moves its model onto the new
     generation's mesh (:func:`rebind`) and a lost rank's shards come from the rank at the same
-    position of another replica group (:func:`unbroken.worker.replica.repair`). A ZeRO
-    optimizer over replicated blocks keeps its old group (no regroup for it yet). Last words
+    position of another replica group (:func:`unbroken.worker.replica.repair`). ZeRO with a
+    replica optimizer (:mod:`unbroken.worker.zero`) recovers in process: the regroup gives the
+    ZeRO optimizer the new group, and a lost partition comes from its replica. A ZeRO
+    optimizer over replicated blocks without one keeps its old group. Last words
     (``dump``) need the whole state on one rank: a sharded rank refuses them, and the rung
     after it applies."""
     if not sharding.sharded_parts:
@@ -198,6 +218,8 @@ def in_process_refusal(sharding: Sharding) -> str | None:
             "only the newest checkpoint can restore it; the job restarts from it"
         )
     if sharding.layout is Layout.HSDP:
+        return None
+    if sharding.layout is Layout.ZERO and sharding.partner_replicas:
         return None
     return (
         f"{sharding.describe()}: a lost shard's replica is on another rank, but in-process "

@@ -39,6 +39,7 @@ from unbroken.worker.data import Batches
 from unbroken.worker.digest import state_digest, update_digest
 from unbroken.worker.sharding import Sharding, is_zero, sharding_of
 from unbroken.worker.statecodec import StateCodecError, decode, encode
+from unbroken.worker.zero import ReplicaOptimizer
 
 _RESERVED = ("model", "optimizer", "data")
 
@@ -56,12 +57,32 @@ class TrainState:
         optimizer: torch.optim.Optimizer,
         objects: Mapping[str, Any] | None = None,
         data: Batches | None = None,
+        *,
+        replica_optimizer: bool = False,
     ) -> None:
         self.model = model
         self.module = _module(model)
         self.optimizer = optimizer
         world = dist.get_world_size() if dist.is_initialized() else 1
-        self.sharding: Sharding = sharding_of(model, optimizer, world)
+        #: The replica of the partner's ZeRO partition (:mod:`unbroken.worker.zero`).
+        self.zero_replica: ReplicaOptimizer | None = None
+        if replica_optimizer:
+            if not is_zero(optimizer):
+                raise ValueError(
+                    "replica_optimizer=True: the optimizer is a "
+                    f"{type(optimizer).__name__}, not a ZeroRedundancyOptimizer"
+                )
+            if optimizer.world_size != world:
+                raise ValueError(
+                    f"replica_optimizer=True: the ZeroRedundancyOptimizer's group has "
+                    f"{optimizer.world_size} of the job's {world} ranks; a replica optimizer "
+                    "needs a group of every rank"
+                )
+            if world > 1:
+                self.zero_replica = ReplicaOptimizer(optimizer).install()
+        self.sharding: Sharding = sharding_of(
+            model, optimizer, world, partner_replicas=self.zero_replica is not None
+        )
         self.objects: dict[str, Any] = {}
         for name, obj in (objects or {}).items():
             if not isinstance(name, str) or not name or name in _RESERVED:
@@ -164,7 +185,12 @@ class TrainState:
             "model": hashlib.sha256(state_digest(self.module).encode()).digest()
         }
         optimizer = hashlib.sha256()
-        update_digest(optimizer, optimizer_state(self.optimizer))
+        if self.zero_replica is not None:
+            # The hyperparameters, the same on every rank; the partitions are compared with
+            # their replicas (unbroken.worker.zero.verify).
+            update_digest(optimizer, optimizer_state(self.optimizer)["param_groups"])
+        else:
+            update_digest(optimizer, optimizer_state(self.optimizer))
         parts["optimizer"] = optimizer.digest()
         for name, obj in self.objects.items():
             h = hashlib.sha256()

@@ -228,6 +228,20 @@ def repair_partitions(replica: ReplicaOptimizer, lost: Iterable[int], group: Any
     return done
 
 
+def fill_replicas(replica: ReplicaOptimizer, group: Any = None) -> None:
+    """Give every rank's replica its partner's partition state (collective), as after a
+    checkpoint restored the partitions (a checkpoint holds each partition once), then
+    :func:`verify`. Rank ``p`` sends to ``p + 1`` in turn, one transfer at a time."""
+    me = replica.zero.rank
+    for sender in range(replica.size):
+        receiver = (sender + 1) % replica.size
+        if me == sender:
+            _send(replica.zero.optim, _global(group, receiver), group)
+        elif me == receiver:
+            _receive(replica.optim, _global(group, sender), group)
+    verify(replica, group)
+
+
 def _global(group: Any, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
