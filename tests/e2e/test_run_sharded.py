@@ -30,21 +30,41 @@ SHARDED = FIXTURES / "sharded.yaml"
 KILL = FIXTURES / "kill-rank.yaml"  # SIGKILL rank 3 after it commits step 25
 
 
-@pytest.mark.parametrize("parallel", ["fsdp", "zero"])
-def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
-    tmp_path: Path, parallel: str
-) -> None:
-    job = write_job(
-        tmp_path / "job.yaml",
+def _sharded_job(path: Path, parallel: str) -> Path:
+    return write_job(
+        path,
         job=SHARDED,
         replace={
             "../../../examples/train_sharded.py": str(REPO / "examples" / "train_sharded.py"),
             "--parallel=fsdp": f"--parallel={parallel}",
         },
     )
-    fault_free = tmp_path / "fault-free"
-    res = run_job(fault_free, job=job)
+
+
+def _fault_free(base: Path, parallel: str) -> Reference:
+    base.mkdir(parents=True, exist_ok=True)
+    job = _sharded_job(base / "job.yaml", parallel)
+    res = run_job(base / "run", job=job)
     assert res.rc == 0 and "0 fault(s)" in res.stdout, res.explain()
+    return Reference(base / "run", digest(base / "run"))
+
+
+@pytest.fixture(scope="module")
+def zero_fault_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The ZeRO job run once without faults; with a replica optimizer it trains the same."""
+    return _fault_free(tmp_path_factory.mktemp("zero-fault-free"), "zero")
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "zero"])
+def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
+    tmp_path: Path, parallel: str, request: pytest.FixtureRequest
+) -> None:
+    job = _sharded_job(tmp_path / "job.yaml", parallel)
+    reference = (
+        request.getfixturevalue("zero_fault_free")
+        if parallel == "zero"
+        else _fault_free(tmp_path / "fault-free", parallel)
+    )
 
     faulted = tmp_path / "faulted"
     res = run_job(faulted, "--chaos", KILL, job=job)
@@ -57,7 +77,7 @@ def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
     assert "rank(s) 0, 1, 2, 3 cannot be repaired in process" in decision["reason"]
     (loaded,) = [e for e in of_kind(evs, "StateLoaded") if e["generation"] == 1]
     assert (loaded["source"], loaded["step"]) == ("checkpoint", 20)
-    assert digest(faulted) == digest(fault_free)
+    assert digest(faulted) == reference.digest
     # Every rank logged why its shard cannot be repaired in process.
     logs = sorted(faulted.glob("pods/*/logs/rank*.log"))
     assert len(logs) == 4
@@ -186,15 +206,12 @@ ZERO_REPLICA = FIXTURES / "sharded-zero-replica.yaml"  # every rung; ZeRO-1 with
 
 
 def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
-    run_dir: Path, tmp_path: Path
+    run_dir: Path, tmp_path: Path, zero_fault_free: Reference
 ) -> None:
     """Rank 3's optimizer partition comes from rank 0's replica of it, its replica of
-    partition 2 from rank 2; the model and the rest from the command's source."""
+    partition 2 from rank 2; the model and the rest from the command's source. The run ends
+    bitwise equal to the fault-free ZeRO run without replicas (they train alike)."""
     job = write_job(tmp_path / "job.yaml", job=ZERO_REPLICA, replace=HSDP_SCRIPT)
-    fault_free = tmp_path / "fault-free"
-    res = run_job(fault_free, job=job)
-    assert res.rc == 0 and "0 fault(s)" in res.stdout, res.explain()
-
     res = run_job(run_dir, "--chaos", KILL, job=job)
     assert res.rc == 0, res.explain()
     assert "job e2e-zero: SUCCEEDED" in res.stdout, res.explain()
@@ -207,4 +224,4 @@ def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
     assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[3])
-    assert digest(run_dir) == digest(fault_free)
+    assert digest(run_dir) == zero_fault_free.digest
