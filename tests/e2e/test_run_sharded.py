@@ -3,7 +3,8 @@ ranks, ZeRO over DDP on 4 ranks): each rank's session says up front that it cann
 in process, so a SIGKILLed rank takes the job to the checkpoint rung (every rank restarts from
 the newest sharded checkpoint) instead of an in-process rung that could not restore the lost
 shard; the run ends bitwise equal to its fault-free run, having recomputed the steps since that
-checkpoint."""
+checkpoint. HSDP, and ZeRO with a replica optimizer, hold every shard twice and recover in
+process."""
 
 from __future__ import annotations
 
