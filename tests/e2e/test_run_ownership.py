@@ -23,11 +23,18 @@ from cli_runs import (
     status,
     unbroken,
     wait_for,
+    write_job,
 )
 
 pytestmark = pytest.mark.e2e
 
 START_S = 150.0  # from `unbroken run` to every rank training, on two shared cores
+
+
+def long_job(tmp_path: Path) -> Path:
+    """The e2e job with ten times its steps: a run stopped from outside is still training when
+    the signal comes, however late a loaded machine shows its ranks training."""
+    return write_job(tmp_path / "long.yaml", replace={"--steps=60": "--steps=600"})
 
 
 def non_loopback_address() -> str | None:
@@ -148,7 +155,7 @@ def test_a_live_run_is_on_loopback_private_and_its_own(tmp_path: Path, run_dir: 
 def test_a_signalled_run_stops_every_process_and_reads_as_stopped(
     tmp_path: Path, run_dir: Path, sig: signal.Signals
 ) -> None:
-    bg = start_job(run_dir, tmp_path / "logs", "--quiet")
+    bg = start_job(run_dir, tmp_path / "logs", "--quiet", job=long_job(tmp_path))
     try:
         wait_for(lambda: running_with_ranks(run_dir), "every rank training", START_S)
         bg.proc.send_signal(sig)
@@ -170,7 +177,7 @@ def test_a_signalled_run_stops_every_process_and_reads_as_stopped(
 
 
 def test_a_killed_run_reads_as_stopped(tmp_path: Path, run_dir: Path) -> None:
-    bg = start_job(run_dir, tmp_path / "logs", "--quiet")
+    bg = start_job(run_dir, tmp_path / "logs", "--quiet", job=long_job(tmp_path))
     try:
         wait_for(lambda: running_with_ranks(run_dir), "every rank training", START_S)
         live = status(run_dir)

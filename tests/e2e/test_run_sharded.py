@@ -177,13 +177,20 @@ def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
     run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
 ) -> None:
     """The ``retry`` rung: rank 2's parameter shard is corrupt at step 25 (the step fails before
-    it shares anything); no process restarts, its shard comes from rank 0."""
+    it shares anything); no process restarts, its shard comes from rank 0. Op retry is on in the
+    job's env; it re-executes DDP's all-reduce only, and each rank says so."""
     job = write_job(
         tmp_path / "job.yaml",
         job=HSDP,
         replace={
             **HSDP_SCRIPT,
             'recover-strategy: "recover-in-place"': 'recover-strategy: "retry,recover-in-place"',
+            "- name: ascend\n              command:": (
+                "- name: ascend\n              env:\n"
+                "                - name: HCCL_OP_RETRY_ENABLE\n"
+                '                  value: "L0:0, L1:1, L2:1"\n'
+                "              command:"
+            ),
         },
     )
     res = run_job(run_dir, "--chaos", FIXTURES / "memory-rank.yaml", job=job)
@@ -199,6 +206,12 @@ def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[])
     assert digest(run_dir) == hsdp_fault_free.digest
+    logs = sorted(run_dir.glob("pods/*/logs/rank*.log"))
+    assert len(logs) == 4
+    for log in logs:
+        assert "op retry (HCCL_OP_RETRY_*) re-executes DDP's gradient all-reduce only" in (
+            log.read_text()
+        ), log
 
 
 # -- ZeRO with a replica optimizer: every partition is held twice --------------------------------

@@ -224,6 +224,12 @@ class Recovery:
                 poll_interval_s=settings.poll_interval_s,
             )
             self.sync.use_op_retry(retrier, generation)
+        elif settings.op_retry is not None:
+            logger.warning(
+                "op retry (HCCL_OP_RETRY_*) re-executes DDP's gradient all-reduce only: a failed "
+                "FSDP all-gather or reduce-scatter fails the step, which the recovery ladder "
+                "takes (retry repairs the rank from its replica group in process)"
+            )
         self._reader = (
             MailboxReader(settings.mailbox, skip_existing=not settings.join)
             if settings.mailbox is not None
