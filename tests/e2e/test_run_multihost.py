@@ -60,9 +60,11 @@ def _join(
     node: str,
     env: dict[str, str] | None = None,
     private: Path | None = None,
+    warm: bool = False,
 ) -> subprocess.Popen[str]:
     """The host's agent in host i's namespace; with ``private``, that directory is the host's
-    own (an empty tmpfs over it in a mount namespace of its own)."""
+    own (an empty tmpfs over it in a mount namespace of its own); ``warm``: with the job's
+    device slots (``--devices 2``), so it keeps a warm spare agent while it runs no pod."""
     argv = [
         sys.executable,
         "-m",
@@ -74,8 +76,7 @@ def _join(
         str(token),
         "--node",
         node,
-        "--devices",
-        "2",
+        *(["--devices", "2"] if warm else []),
     ]
     if private is not None:
         private.mkdir(parents=True, exist_ok=True)
@@ -131,8 +132,8 @@ def test_host_agents_join_over_the_bridge_and_refuse_bad_tokens_and_downed_links
                 time.sleep(0.1)
             joined = {n.node: n for n in registry.nodes()}
             assert {k: (v.address, v.devices) for k, v in joined.items()} == {
-                "node-0": (h.address(0), 2),
-                "node-1": (h.address(1), 2),
+                "node-0": (h.address(0), 1),
+                "node-1": (h.address(1), 1),
             }
             # The control plane closing the order streams ends the agents, exit 0.
             commands.closed.set()
@@ -246,7 +247,8 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
                 # TMPDIR: a host agent killed with its host leaves its spare's directory here.
                 env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0], "TMPDIR": str(tmp_path)}
                 own = run_dir / "pods" if private else None
-                agents.append(_join(h, i, control, token, f"node-{i}", env, own))
+                warm = fault == "lost-host"  # where a pod starts on a host after the start
+                agents.append(_join(h, i, control, token, f"node-{i}", env, own, warm))
             if fault in ("lost-host", "downed-link"):
                 wait_for(lambda: _checkpointed(run_dir), "a checkpoint", 120.0)
                 if fault == "lost-host":
