@@ -246,7 +246,8 @@ async def one_run(
         rng = random.Random(n)
         live = [f"pod-{i}" for i in range(n)]
         rack = min(RACK, n // 2)
-        rounds = [[p] for p in rng.sample(live[rack:], min(faults, n - rack))] + [live[:rack]]
+        rounds = [[p] for p in rng.sample(live[rack:], min(faults, n - rack))]
+        rounds += [live[:rack]] if rack else []
         for victims in rounds:
             await asyncio.sleep(min(3 * gap_s, rng.expovariate(1.0 / gap_s)))
             before = len(ledger_rows(db, ("RecoveryCompleted",)))
@@ -371,9 +372,13 @@ async def run_all(
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RACK
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="1000,2000,5000,10000", help="comma-separated node counts")
     ap.add_argument("--faults", type=int, default=4, help="single-node faults per N (then a rack)")
+    ap.add_argument(
+        "--rack", type=int, default=RACK, help="nodes of the rack burst (at most N/2; 0: none)"
+    )
     ap.add_argument("--window", type=float, default=5.0, help="steady-state window, s")
     ap.add_argument("--gap", type=float, default=2.0, help="mean time between faults, s")
     ap.add_argument(
@@ -386,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"--nodes: not a comma-separated list of integers: {a.nodes!r}", file=sys.stderr)
         return 2
+    RACK = max(0, a.rack)
     results = asyncio.run(run_all(ns, a.faults, a.window, a.gap, a.channels, a.keep))
     print(table(results))
     print(f"load: {Path('/proc/loadavg').read_text().strip()} ({os.cpu_count()} cores)")

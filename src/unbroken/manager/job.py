@@ -423,7 +423,9 @@ class JobManager:
         if self.watcher is not None:
             self.watcher.stop()
         if self.server is not None:
-            self.server.stop(0.2)
+            # Long enough for the hosts' order streams to see the run's end and close: cut,
+            # a host's agent reads the stream's cancellation as a lost control plane.
+            self.server.stop(2.0)
         if self.web is not None:
             self.web.stop()
         self.control_file.unlink(missing_ok=True)
