@@ -1,9 +1,9 @@
 """The control plane's RPC surface: agents and the CLI talk to the job manager through it.
 
 Handlers never touch the manager's state: they put a message on the manager's inbox and, where
-the caller needs an answer, wait for the manager's reply. Command streams to agents are fed from
-per-agent mailboxes the manager fills, and wait on the server's event loop, not on a thread
-each.
+the caller needs an answer, await the manager's reply (an :class:`Answer`) on the server's event
+loop: 10k agents' hellos at a job's start wait together without a thread each. Command streams
+to agents are fed from per-agent mailboxes the manager fills, and wait on the same loop.
 
 The protocol at scale. What an agent must tell at once goes at once, as a report of its own (a
 rank's exit, a failed step, a hang, a device fault) or as a heartbeat sent the moment a rank's
@@ -27,9 +27,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from unbroken.protocol.messages import COMMANDS, HEARTBEAT, HELLO, REPORT, Order, encode_order
 from unbroken.rpc import ControlServer
@@ -65,13 +65,46 @@ def silence_timeout_s(interval_s: float, agent_timeout_s: float) -> float:
     return max(agent_timeout_s, 3 * interval_s)
 
 
+class Reply(Protocol):
+    """Where the manager puts its answer to a call (one answer)."""
+
+    def put(self, item: JsonObj) -> None: ...
+
+    def empty(self) -> bool: ...
+
+
+class Answer:
+    """The answer to one call, put from the manager's thread and awaited on the server's event
+    loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[JsonObj] = loop.create_future()
+        self._given = False
+
+    def put(self, item: JsonObj) -> None:
+        if not self._given:
+            self._given = True
+            self._loop.call_soon_threadsafe(self._set, item)
+
+    def _set(self, item: JsonObj) -> None:
+        if not self._future.done():  # not already timed out and cancelled
+            self._future.set_result(item)
+
+    def empty(self) -> bool:
+        return not self._given
+
+    async def get(self, timeout_s: float) -> JsonObj:
+        return await asyncio.wait_for(self._future, timeout_s)
+
+
 @dataclass
 class Inbound:
     """A message for the manager's loop; ``reply`` is set when the caller waits for an answer."""
 
     method: str
     body: JsonObj
-    reply: queue.Queue[JsonObj] | None = None
+    reply: Reply | None = None
     #: When the server received it (0: when the manager handles it). An agent's silence is
     #: counted from here, so a backlog in the manager's inbox is not read as silent agents.
     at: float = 0.0
@@ -245,13 +278,13 @@ def build_server(
 
         return handler
 
-    def ask(method: str) -> Callable[[JsonObj], JsonObj]:
-        def handler(body: JsonObj) -> JsonObj:
-            reply: queue.Queue[JsonObj] = queue.Queue(maxsize=1)
-            inbox.put(Inbound(method, body, reply, at=clock()))
+    def ask(method: str) -> Callable[[JsonObj], Awaitable[JsonObj]]:
+        async def handler(body: JsonObj) -> JsonObj:
+            answer = Answer(asyncio.get_running_loop())
+            inbox.put(Inbound(method, body, answer, at=clock()))
             try:
-                return reply.get(timeout=answer_timeout_s)
-            except queue.Empty:
+                return await answer.get(answer_timeout_s)
+            except TimeoutError:
                 return {"ok": False, "error": f"the job manager did not answer {method} in time"}
 
         return handler
@@ -285,22 +318,18 @@ def build_server(
     return ControlServer(
         secret,
         unary={
-            HELLO: ask(HELLO),
             HEARTBEAT: post(HEARTBEAT),
             REPORT: post(REPORT),
-            "Inject": ask("Inject"),
-            "StressTest": ask("StressTest"),
-            "Link": ask("Link"),
-            "Release": ask("Release"),
             JOIN: registry.join,
             NODE_POD: registry.pod_report,
         },
+        async_unary={m: ask(m) for m in (HELLO, "Inject", "StressTest", "Link", "Release")},
         streams={NODE_ORDERS: node_orders},
         async_streams={COMMANDS: agent_commands},
         # Heartbeats and reports only go on the inbox: they are handled on the server's loop.
         inline=(HEARTBEAT, REPORT),
         host=host,
         port=port,
-        # A thread per host's open order stream, and 32 for calls that wait for an answer.
+        # A thread per host's open order stream, and 32 for the hosts' other calls.
         max_workers=commands.streams + 32,
     )

@@ -3,10 +3,10 @@
 The server is gRPC's asyncio server on one event loop per process (its own thread), so an open
 stream costs a coroutine, not a thread: at 10k nodes every agent holds its order stream open,
 and a thread each (the synchronous server) starved the job manager's loop of the GIL
-(bench/scale.py). Handlers stay plain functions: ``inline`` ones (that only put a message on a
-queue) run on the loop; the others, which may block (waiting for the manager's answer), run on
-a thread pool, as do blocking stream functions. Every call's secret is checked before its body
-is parsed.
+(bench/scale.py). Handlers are plain functions or coroutines: ``inline`` functions (that only
+put a message on a queue) and coroutines (that await an answer, :class:`Answer`) run on the
+loop; the other functions, which may block, run on a thread pool, as do blocking stream
+functions. Every call's secret is checked before its body is parsed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from concurrent import futures
 from typing import Any
 
@@ -31,6 +31,8 @@ _SECRET_KEY = "x-unbroken-secret"
 
 JsonObj = dict[str, Any]
 Unary = Callable[[JsonObj], JsonObj]
+#: A call answered on the server's event loop (it awaits; no thread waits with it).
+AsyncUnary = Callable[[JsonObj], Awaitable[JsonObj]]
 UnaryStream = Callable[[JsonObj, Callable[[], bool]], Iterator[JsonObj]]
 #: A stream that waits on the server's event loop (no thread while it waits).
 AsyncStream = Callable[[JsonObj], AsyncIterator[JsonObj]]
@@ -97,6 +99,7 @@ class ControlServer:
         max_workers: int = 32,
         async_streams: Mapping[str, AsyncStream] | None = None,
         inline: Collection[str] = (),
+        async_unary: Mapping[str, AsyncUnary] | None = None,
     ) -> None:
         self._secret = secret
         self._pool = futures.ThreadPoolExecutor(
@@ -109,6 +112,10 @@ class ControlServer:
         for name, fn in unary.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(name, fn, name in inline), response_serializer=_dumps
+            )
+        for name, ufn in (async_unary or {}).items():
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                self._wrap_async_unary(name, ufn), response_serializer=_dumps
             )
         for name, sfn in (streams or {}).items():
             handlers[name] = grpc.unary_stream_rpc_method_handler(
@@ -160,6 +167,17 @@ class ControlServer:
                 if inline:
                     return fn(request)
                 return await asyncio.get_running_loop().run_in_executor(self._pool, fn, request)
+            except (KeyError, TypeError, ValueError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
+            raise AssertionError("unreachable")
+
+        return handle
+
+    def _wrap_async_unary(self, name: str, fn: AsyncUnary) -> Callable[..., Any]:
+        async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> JsonObj:
+            request = await self._request(name, raw, context)
+            try:
+                return await fn(request)
             except (KeyError, TypeError, ValueError) as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
             raise AssertionError("unreachable")

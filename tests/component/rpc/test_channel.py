@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
 import pytest
 
+from unbroken.manager.service import Answer, Inbound
 from unbroken.rpc import ControlClient, ControlServer, RpcError
 
 pytestmark = pytest.mark.component
@@ -114,4 +119,34 @@ def test_a_malformed_body_with_the_secret_is_an_invalid_argument_and_serving_goe
         assert [m["i"] for m in client.stream("Count", {"n": 2})] == [0, 1]
         client.close()
     finally:
+        server.stop()
+
+
+def test_calls_that_wait_for_an_answer_hold_no_thread() -> None:
+    """A thousand agents' hellos wait for the job manager together: with one pool thread, 200
+    calls awaiting the manager's answers are all pending at once and all answered."""
+    inbox: queue.Queue[Inbound] = queue.Queue()
+
+    async def ask(body: dict[str, Any]) -> dict[str, Any]:
+        answer = Answer(asyncio.get_running_loop())
+        inbox.put(Inbound("Ask", body, answer))
+        return await answer.get(10.0)
+
+    server = ControlServer("s3cret", unary={}, async_unary={"Ask": ask}, max_workers=1)
+    server.start()
+    client = ControlClient(server.address, "s3cret", timeout_s=20.0)
+    try:
+        n = 200
+        with futures.ThreadPoolExecutor(n) as pool:
+            calls = [pool.submit(client.call, "Ask", {"i": i}) for i in range(n)]
+            pending = [inbox.get(timeout=10.0) for _ in range(n)]  # all waiting at once
+            assert all(not c.done() for c in calls)
+            answerer = threading.Thread(
+                target=lambda: [m.reply.put({"i": m.body["i"]}) for m in pending if m.reply]
+            )
+            answerer.start()
+            answerer.join()
+            assert sorted(c.result()["i"] for c in calls) == list(range(n))
+    finally:
+        client.close()
         server.stop()
