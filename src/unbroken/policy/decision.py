@@ -49,6 +49,8 @@ Running
   as much. A fault that finds progress resets the count.
 - R12 a stall beyond ``no_progress_restarts`` in a row: ``FailJob`` (isolation commands first)
   naming the step the job cannot get past; state ``Failed``.
+- R13 stopping faults detected together (``FaultDetected.together``: a rack's nodes lost in one
+  check): one incident with all of them as F, as R10; counted once as R11.
 
 The ladder (for F; the first rung that is configured, feasible and within budget)
 
@@ -117,6 +119,8 @@ Recovering
 - V10 an outcome event naming another ``generation`` than the current rung's: stale, nothing.
 - V11 a new stopping fault (V7) is counted and backed off as in R11, and ends the job as in
   R12.
+- V12 stopping faults detected together: those not already known (V8) join F at once, as one
+  fault of V7 (counted once); all known: nothing.
 
 Budgets and timeouts
 --------------------
@@ -205,6 +209,10 @@ def decide(state: JobState, event: Event, config: FaultHandling, now: float) -> 
 
 def _running(state: Running, event: Event, config: FaultHandling, now: float) -> Decision:
     match event:
+        case FaultDetected(together=together) if together:
+            faults = event.faults
+            why = _describe_burst(faults)
+            return _open(state, faults, event.feasibility, event.progress_step, config, now, why)
         case FaultDetected(fault=fault, feasibility=feasibility, progress_step=progress):
             return _fault_while_running(state, fault, feasibility, progress, config, now)
         case JobCompleted(at=at):
@@ -230,15 +238,28 @@ def _fault_while_running(
         return quiet
     if fault.level is FaultLevel.SUB_HEALTH:
         return _sub_health(state, fault, feasibility, config, now)
-    budgets = stall.noted(state.budgets, progress, fault.at, now)
-    return _start(
-        _Incident(state.generation, budgets, (fault,), feasibility, incident_at=now),
-        config,
-        now,
-        below=None,
-        free=False,
-        prefix=fault.describe(),
-    )
+    return _open(state, (fault,), feasibility, progress, config, now, fault.describe())
+
+
+def _open(
+    state: Running,
+    faults: tuple[Fault, ...],
+    feasibility: Feasibility,
+    progress: int | None,
+    config: FaultHandling,
+    now: float,
+    prefix: str,
+) -> Decision:
+    """Rows R10-R13: an incident of ``faults`` starts."""
+    budgets = stall.noted(state.budgets, progress, min(f.at for f in faults), now)
+    incident = _Incident(state.generation, budgets, faults, feasibility, incident_at=now)
+    return _start(incident, config, now, below=None, free=False, prefix=prefix)
+
+
+def _describe_burst(faults: Sequence[Fault]) -> str:
+    nodes = sorted({f.node for f in faults if f.node is not None})
+    where = f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
+    return f"{len(faults)} faults detected together{where} (first: {faults[0].describe()})"
 
 
 def _quiet_fault(state: JobState, fault: Fault) -> Decision | None:
@@ -334,6 +355,8 @@ def _recovering(state: Recovering, event: Event, config: FaultHandling, now: flo
             f"({rung} is generation {state.generation})",
         )
     match event:
+        case FaultDetected(together=together) if together:
+            return _burst_while_recovering(state, event, config, now)
         case FaultDetected(fault=fault, feasibility=feasibility, progress_step=progress):
             return _fault_while_recovering(state, fault, feasibility, progress, config, now)
         case RecoveryCompleted():
@@ -382,14 +405,39 @@ def _fault_while_recovering(
     if fault.level is FaultLevel.SUB_HEALTH:
         return Decision(state, (), f"{fault.describe()}: not acted on during {state.rung}")
     prefix = f"{fault.describe()} during {state.rung}"
-    budgets = stall.noted(state.budgets, progress, fault.at, now)
+    return _join(state, (fault,), feasibility, progress, config, now, prefix)
+
+
+def _burst_while_recovering(
+    state: Recovering, event: FaultDetected, config: FaultHandling, now: float
+) -> Decision:
+    """Row V12: the new faults of a burst join F at once, as one fault of row V7."""
+    new = tuple(f for f in event.faults if not _already_known(f, state))
+    if not new:
+        return Decision(state, (), f"{_describe_burst(event.faults)}: already being recovered")
+    prefix = f"{_describe_burst(new)} during {state.rung}"
+    return _join(state, new, event.feasibility, event.progress_step, config, now, prefix)
+
+
+def _join(
+    state: Recovering,
+    new: tuple[Fault, ...],
+    feasibility: Feasibility,
+    progress: int | None,
+    config: FaultHandling,
+    now: float,
+    prefix: str,
+) -> Decision:
+    """Rows V7, V11, V12: ``new`` faults join the incident (or, during a hot switch, which is
+    abandoned, begin one)."""
+    budgets = stall.noted(state.budgets, progress, min(f.at for f in new), now)
     if state.rung is Rung.HOT_SWITCH:
-        incident = _Incident(state.generation, budgets, (fault,), feasibility, now)
+        incident = _Incident(state.generation, budgets, new, feasibility, now)
         return _start(incident, config, now, below=None, free=False, prefix=prefix)
     incident = _Incident(
         state.generation,
         budgets,
-        (*state.faults, fault),
+        (*state.faults, *new),
         feasibility,
         state.incident_at,
         state.dumped,

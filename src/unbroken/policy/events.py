@@ -42,11 +42,27 @@ class Feasibility:
 @dataclass(frozen=True)
 class FaultDetected:
     """``progress_step``: the highest step the job has ever committed when the fault came
-    (None: unknown; no stall is counted, see :mod:`unbroken.policy.stall`)."""
+    (None: unknown; no stall is counted, see :mod:`unbroken.policy.stall`).
+
+    ``together``: further faults detected in the same instant as ``fault`` (a rack's nodes
+    found lost in one check): one incident with it, decided once (rows R13, V12 of
+    :mod:`unbroken.policy.decision`), so that a burst is not taken for a fault that escalates
+    32 times. Only faults that stop training come together; ``feasibility`` is for them all.
+    """
 
     fault: Fault
     feasibility: Feasibility = Feasibility()
     progress_step: int | None = None
+    together: tuple[Fault, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.together and not all(f.level.stops_training for f in self.faults):
+            raise ValueError("only faults that stop training are detected together")
+
+    @property
+    def faults(self) -> tuple[Fault, ...]:
+        """``fault`` and the faults detected with it."""
+        return (self.fault, *self.together)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,25 @@ def node_lost() -> Fault:
     return Fault(FaultKind.NODE_LOST, FaultLevel.SEPARATE_NPU, "", NOW, "n1", "worker-1", (2, 3))
 
 
+def lost(i: int) -> Fault:
+    """Node ``n{i}`` (pod ``worker-{i}``, ranks 2i and 2i+1) lost."""
+    return Fault(
+        FaultKind.NODE_LOST,
+        FaultLevel.SEPARATE_NPU,
+        "",
+        NOW,
+        f"n{i}",
+        f"worker-{i}",
+        (2 * i, 2 * i + 1),
+    )
+
+
+def rack(*nodes: int) -> FaultDetected:
+    """Nodes lost in one check: detected together."""
+    first, *rest = (lost(i) for i in nodes)
+    return FaultDetected(first, ALL, together=tuple(rest))
+
+
 def sub_health() -> Fault:
     return Fault(
         FaultKind.SUB_HEALTH, FaultLevel.SUB_HEALTH, "XID-92", NOW, "n1", "worker-1", (3,), 3
@@ -144,6 +163,9 @@ def recovering(
 
 
 SEP = device(FaultLevel.SEPARATE_NPU, "80E3A201")
+RACK_RECOVER = tuple(
+    RecoverOnSpare(f"worker-{i}", (2 * i, 2 * i + 1), (), (f"n{i}",)) for i in (1, 2, 3)
+)
 ISO = (DeviceRef("n1", 3),)
 SPENT = Budgets(software_reschedules=2)
 CAP = Budgets(hardware_reschedules=8)
@@ -808,6 +830,24 @@ ROWS = {
         "fault-retry-times spent (2 of 2); in-pod restarts spent on pod worker-1 (max_restarts 0)",
         Failed,
     ),
+    "R13-rack-recover": Row(
+        Running(),
+        rack(1, 2, 3),
+        proc(Strategy.RECOVER),
+        RACK_RECOVER,
+        "3 faults detected together on 3 nodes (first: node-lost",
+        Recovering,
+        lambda s: isinstance(s, Recovering) and len(s.faults) == 3,
+    ),
+    "R13-rack-charged-once": Row(
+        Running(),
+        rack(1, 2, 3),
+        POD,
+        (ReschedulePods(("worker-1", "worker-2", "worker-3"), (), ("n1", "n2", "n3"), 30.0),),
+        "pod-level rescheduling of worker-1, worker-2, worker-3",
+        Recovering,
+        lambda s: isinstance(s, Recovering) and s.budgets.hardware_reschedules == 1,
+    ),
     # --- recovering ----------------------------------------------------------------------------
     "V1": Row(
         recovering(Rung.RETRY, uce(), budgets=Budgets(hardware_reschedules=3)),
@@ -1028,6 +1068,28 @@ ROWS = {
         Recovering,
         lambda s: isinstance(s, Recovering) and len(s.faults) == 1 and s.incident_at == NOW,
     ),
+    "V12-joins": Row(
+        recovering(Rung.RECOVER_IN_PLACE, crash(pod="worker-4", ranks=(9,))),
+        rack(1, 2),
+        proc(Strategy.RECOVER_IN_PLACE, Strategy.RECOVER),
+        (
+            RecoverOnSpare("worker-1", (2, 3), (), ("n1",)),
+            RecoverOnSpare("worker-2", (4, 5), (), ("n2",)),
+            RecoverOnSpare("worker-4", (9,), (), ()),
+        ),
+        "2 faults detected together on 2 nodes (first: node-lost",
+        Recovering,
+        lambda s: isinstance(s, Recovering) and len(s.faults) == 3 and s.incident_at == NOW,
+    ),
+    "V12-known": Row(
+        recovering(Rung.RECOVER, lost(1), lost(2)),
+        rack(1, 2),
+        proc(Strategy.RECOVER),
+        (),
+        "2 faults detected together on 2 nodes (first: node-lost",
+        Recovering,
+        rung_is(Rung.RECOVER),
+    ),
     "V8-duplicate": Row(
         recovering(Rung.RETRY, uce()),
         fault(uce()),
@@ -1153,6 +1215,11 @@ def test_row(row_id: str) -> None:
             expected = (*expected[:-1], FailJob(decision.reason))
     assert decision.commands == expected
     assert row.check(decision.state)
+
+
+def test_only_faults_that_stop_training_come_together() -> None:
+    with pytest.raises(ValueError, match="only faults that stop training"):
+        FaultDetected(lost(1), ALL, together=(sub_health(),))
 
 
 def test_every_documented_row_is_tested() -> None:
