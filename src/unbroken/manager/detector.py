@@ -241,14 +241,24 @@ class Detector:
     ) -> Detector:
         return self.hold(node_lost_fault(where, ranks, last_heard_at, why, self.codes), now)
 
-    def settle(self, now: float, agent_silent: bool) -> tuple[Detector, tuple[Fault, ...]]:
+    def settle(
+        self, now: float, agent_silent: bool, gather_s: float = 0.0
+    ) -> tuple[Detector, tuple[Fault, ...]]:
         """The faults to handle now, in the order they came, and what stays held.
 
-        ``agent_silent``: an agent of the job has not been heard from for a moment; its node
-        may be lost, and that would be the cause of the echoes held."""
+        ``agent_silent``: an agent of the job (not yet found lost) has not been heard from for
+        a moment; its node may be lost, and that would be the cause of the echoes held.
+
+        A lost node found while another agent is silent is held up to ``gather_s``: the nodes
+        of a rack that went at once are found lost a heartbeat interval apart at most, and are
+        handed on together, one incident (:meth:`JobManager.faults_detected`), not one fault
+        after another, each escalating the one before. A node lost alone is not held."""
         if not self.held:
             return self, ()
         primaries = [h for h in self.held if not h.echo]
+        lost_at = [h.received_at for h in primaries if h.fault.kind is FaultKind.NODE_LOST]
+        if lost_at and agent_silent and now - min(lost_at) < gather_s:
+            return self, ()
         if not primaries:
             first = min(h.received_at for h in self.held)
             wait_s = self.agent_timeout_s + 0.5 if agent_silent else self.settle_s

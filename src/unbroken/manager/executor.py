@@ -429,6 +429,13 @@ class Executor:
                     "(hotReset=2: a device is reset before it is used again)"
                 )
                 return
+            if isinstance(cmd, RecoverOnSpare):
+                # The pods of one decision move together: one placement, one rejoin (a rack's
+                # pods moved one by one would each find the others' agents gone).
+                if not any(isinstance(c, RecoverOnSpare) for c in commands[:i]):
+                    moved = [c for c in commands[i:] if isinstance(c, RecoverOnSpare)]
+                    self._recover_on_spare(moved, now)
+                continue
             if isinstance(cmd, BackOff):
                 self.held = (now + cmd.delay_s, tuple(commands[i + 1 :]))
                 self._hold_ranks(())
@@ -490,9 +497,8 @@ class Executor:
                 self._rejoin(replace={}, suspect=tuple(ranks), now=now)
             case RestartInPlace(pod=pod, ranks=ranks):
                 self._rejoin(replace={pod: tuple(ranks) or self.job.ranks_of(pod)}, now=now)
-            case RecoverOnSpare(pod=pod, isolate_devices=devs, isolate_nodes=nodes):
-                self._isolate_all(devs, nodes)
-                self._recover_on_spare(pod, now)
+            case RecoverOnSpare():
+                self._recover_on_spare([cmd], now)
             case DumpLastWords(timeout_s=timeout_s):
                 self._dump(now, timeout_s)
             case HotSwitch(pod=pod, node=node, device=device):
@@ -516,18 +522,20 @@ class Executor:
         """Whether every rank's worker can leave a broken group and be repaired in process."""
         return bool(self.m.ranks) and all(v.recoverable for v in self.m.ranks.values())
 
-    def healthy_ranks(self, fault: Fault) -> list[int]:
-        """Live ranks outside the fault: candidates to be the replica source."""
+    def healthy_ranks(self, faults: Sequence[Fault]) -> list[int]:
+        """Live ranks outside the faults: candidates to be the replica source."""
+        named = {r for f in faults for r in f.ranks}
+        whole_pods = {f.pod for f in faults if f.pod is not None and not f.ranks}
+        lost_nodes = {f.node for f in faults if f.kind is FaultKind.NODE_LOST}
         out = []
         for r, v in sorted(self.m.ranks.items()):
-            if not v.alive or r in fault.ranks:
+            if not v.alive or r in named:
                 continue
-            pod = self.m.pods.get(self.job.pod_of_rank(r) or "")
+            pod_name = self.job.pod_of_rank(r)
+            pod = self.m.pods.get(pod_name or "")
             if pod is None or pod.lost or not pod.alive:
                 continue
-            if fault.pod is not None and not fault.ranks and self.job.pod_of_rank(r) == fault.pod:
-                continue
-            if fault.kind is FaultKind.NODE_LOST and pod.node == fault.node:
+            if pod_name in whole_pods or pod.node in lost_nodes:
                 continue
             out.append(r)
         return out
@@ -673,9 +681,9 @@ class Executor:
         """Ranks in the current world (fewer than the job's while it is scaled in)."""
         return self.elastic.world_size
 
-    def elastic_refusal(self, fault: Fault) -> str | None:
-        """Why the job cannot scale in without the fault's pod (None: it can)."""
-        return self.elastic.refusal((fault.pod,) if fault.pod is not None else ())
+    def elastic_refusal(self, faults: Sequence[Fault]) -> str | None:
+        """Why the job cannot scale in without the faults' pods (None: it can)."""
+        return self.elastic.refusal(tuple(dict.fromkeys(f.pod for f in faults if f.pod)))
 
     def _scale_in(self, pod: str, now: float, wait_s: float = 0.0) -> None:
         """``elastic-training``: the lost pod leaves the world; the other pods' ranks stop at
@@ -912,24 +920,29 @@ class Executor:
         finally:
             self._deciding = False
 
-    def _recover_on_spare(self, pod: str, now: float) -> None:
-        self._stop((pod,), None)
+    def _recover_on_spare(self, moved: Sequence[RecoverOnSpare], now: float) -> None:
+        """``recover``: the pods are placed on spare nodes together, and the healthy ranks
+        rejoin once with all of them."""
+        for cmd in moved:
+            self._isolate_all(cmd.isolate_devices, cmd.isolate_nodes)
+        pods = tuple(cmd.pod for cmd in moved)
+        self._stop(pods, None)
         result = place(
             self.cluster,
-            [Pod(name=pod, devices_needed=self.job.nproc_per_node)],
-            self.warm_nodes((pod,)),
+            [Pod(name=pod, devices_needed=self.job.nproc_per_node) for pod in pods],
+            self.warm_nodes(pods),
         )
         if isinstance(result, Unschedulable):
-            self.console.line(f"cannot place {pod}: {result.reason}")
-            self._queue.append(PodUnschedulable(pod=pod, at=now, generation=self._rung))
+            self.console.line(f"cannot place {', '.join(pods)}: {result.reason}")
+            self._queue.append(PodUnschedulable(pod=pods[0], at=now, generation=self._rung))
             return
         self._say_passed_over(result.bindings)
         self.cluster = self.cluster.bind(result.bindings)
         self._rejoin(
             replace={},
             now=now,
-            suspect=self.job.ranks_of(pod),
-            replacement=Replacement(pod=pod, bindings=result.bindings),
+            suspect=tuple(r for pod in pods for r in self.job.ranks_of(pod)),
+            replacement=Replacement(pod=pods[0], bindings=result.bindings),
         )
 
     # ---- hot switch -------------------------------------------------------------------
@@ -1042,7 +1055,7 @@ class Executor:
             self._start_agent(b.pod, b.node, b.devices, gen)
             self.m.pods[b.pod].join = join
         if self.m.incident is not None:
-            self.m.incident.awaiting_replacement = r.pod
+            self.m.incident.awaiting_replacement = {b.pod for b in r.bindings}
 
     # ---- isolation --------------------------------------------------------------------
     def _isolate_all(self, devs: tuple[DeviceRef, ...], nodes: tuple[str, ...]) -> None:
@@ -1210,38 +1223,55 @@ class Executor:
             self._deprioritise_node(node, f"sub-healthy: {code}")
 
     # ---- feasibility ------------------------------------------------------------------
-    def spare_node_free(self) -> bool:
-        return bool(self.free_nodes())
+    def spare_node_free(self, needed: int = 1) -> bool:
+        """Whether ``needed`` spare nodes are free (one per pod to move)."""
+        return len(self.free_nodes()) >= needed
 
-    def schedulable(self, fault: Fault) -> bool:
-        if fault.pod is None:
-            return True
+    def _probe(self, faults: Sequence[Fault]) -> tuple[Cluster, list[Pod]]:
+        """The cluster as it would be with the faults' nodes and isolating devices out and
+        their pods released, and those pods to place."""
         c = self.cluster
-        if fault.node is not None:
-            if fault.kind is FaultKind.NODE_LOST:
-                c = c.isolate_node(fault.node, "probe")
-            elif fault.device is not None and fault.level.isolates_device:
-                c = c.isolate_device(fault.node, fault.device, "probe")
-        c = c.release(fault.pod)
-        pods = [Pod(name=fault.pod, devices_needed=self.job.nproc_per_node)]
-        return not isinstance(place(c, pods), Unschedulable)
+        for f in faults:
+            if f.node is None or f.pod is None:
+                continue
+            if f.kind is FaultKind.NODE_LOST:
+                c = c.isolate_node(f.node, "probe")
+            elif f.device is not None and f.level.isolates_device:
+                c = c.isolate_device(f.node, f.device, "probe")
+        pods = self._pods_of(faults)
+        for pod in pods:
+            c = c.release(pod.name)
+        return c, pods
 
-    def may_pend(self, fault: Fault) -> bool:
-        """Whether the faulty pod, with no room now, could be placed once the isolated devices
-        (the fault's own among them, unless it is held out) are back in the pool: pod-level
+    def schedulable(self, faults: Sequence[Fault]) -> bool:
+        """Whether the faults' pods could all be placed elsewhere now."""
+        c, pods = self._probe(faults)
+        return not pods or not isinstance(place(c, pods), Unschedulable)
+
+    def may_pend(self, faults: Sequence[Fault]) -> bool:
+        """Whether the faulty pods, with no room now, could be placed once the isolated
+        devices (the faults' own among them, unless held out) are back in the pool: pod-level
         rescheduling then pends for room. A lost node does not come back."""
-        if fault.pod is None or fault.kind is FaultKind.NODE_LOST or self.schedulable(fault):
+        if any(f.pod is None or f.kind is FaultKind.NODE_LOST for f in faults):
+            return False
+        if self.schedulable(faults):
             return False
         c = self.cluster
         for node, device in list(c.isolated_devices):
             if not c.device_held(node, device):
                 c = c.return_device(node, device)
-        held = fault.level is FaultLevel.MANUALLY_SEPARATE
-        if held and fault.node is not None and fault.device is not None:
-            c = c.isolate_device(fault.node, fault.device, "probe")
-        c = c.release(fault.pod)
-        pods = [Pod(name=fault.pod, devices_needed=self.job.nproc_per_node)]
-        return not isinstance(place(c, pods), Unschedulable)
+        for f in faults:
+            held = f.level is FaultLevel.MANUALLY_SEPARATE
+            if held and f.node is not None and f.device is not None:
+                c = c.isolate_device(f.node, f.device, "probe")
+        wanted = self._pods_of(faults)
+        for pod in wanted:
+            c = c.release(pod.name)
+        return not isinstance(place(c, wanted), Unschedulable)
+
+    def _pods_of(self, faults: Sequence[Fault]) -> list[Pod]:
+        names = dict.fromkeys(f.pod for f in faults if f.pod is not None)
+        return [Pod(name=pod, devices_needed=self.job.nproc_per_node) for pod in names]
 
     # ---- pods -------------------------------------------------------------------------
     def _next_generation(self, rung: int | None, replica_step: int | None = None) -> int:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from unbroken.faults import Fault
 
 
 @dataclass
 class Incident:
-    """``strategy``: the rung carrying it out now; ``awaiting_replacement``: the pod whose
-    replacement (``recover``) the policy is told about once its ranks started."""
+    """``strategy``: the rung carrying it out now; ``awaiting_replacement``: the pods whose
+    replacements (``recover``) the policy is told about once all their ranks started."""
 
     fault_id: str
     fault: Fault
     step_at_fault: int
     strategy: str = ""
-    awaiting_replacement: str | None = None
+    awaiting_replacement: set[str] = field(default_factory=set)

@@ -128,6 +128,11 @@ def let_store_go(store: Any, wait_s: float = 0.0) -> None:
 #: The manager's clock period: timeouts, settling and the policy's deadlines are checked this
 #: often (and no more often, however many messages arrive).
 TICK_S = 0.05
+#: How long a lost node is held while other agents are silent, so that the nodes of a rack
+#: that went at once are one incident (:meth:`Detector.settle`): they are found lost one
+#: heartbeat interval apart at most (0.1 s in a small job; in a large one their order streams
+#: break together).
+GATHER_S = 0.5
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
 _PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release", "Link"})
@@ -666,8 +671,11 @@ class JobManager:
                 ),
                 at=event.started_at,
             )
-        if self.incident is not None and self.incident.awaiting_replacement == pod.pod:
-            self.incident.awaiting_replacement = None
+        awaiting = self.incident.awaiting_replacement if self.incident is not None else set()
+        if pod.pod in awaiting:
+            awaiting.discard(pod.pod)
+            if awaiting:
+                return
             ready = PolicyReplacementReady(
                 pod=pod.pod, at=self.clock(), generation=self.executor.rung_of(gen)
             )
@@ -768,9 +776,8 @@ class JobManager:
             and (s > quiet_s or (p.pod, p.pid) in self.streams_broken)
             for p in self.pods.values()
         )
-        self.detector, faults = self.detector.settle(now, agent_silent=silent)
-        for fault in faults:
-            self.fault_detected(fault, now)
+        self.detector, faults = self.detector.settle(now, agent_silent=silent, gather_s=GATHER_S)
+        self.faults_detected(faults, now)
 
     def _stragglers(self, now: float) -> None:
         """A node whose ranks compute slower than their peers' is a sub-health fault; not
@@ -787,17 +794,28 @@ class JobManager:
             self.fault_detected(fault, now)
 
     def fault_detected(self, fault: Fault, now: float) -> None:
+        self.faults_detected((fault,), now)
+
+    def faults_detected(self, found: Sequence[Fault], now: float) -> None:
+        """Faults found in one check, in the order they came. Each is recorded; those that
+        stop training are one incident, decided once (a rack's nodes lost at once: were they
+        decided one by one, each would escalate the one before)."""
+        faults = [self._record_fault(f, now) for f in found]
+        stopping = [f for f in faults if f.level.stops_training]
+        together = len(stopping) > 1
+        for fault in faults:
+            if together and fault.level.stops_training:
+                if fault is stopping[0]:
+                    self._decide(stopping, now)
+                continue
+            self._decide([fault], now)
+
+    def _record_fault(self, fault: Fault, now: float) -> Fault:
         if fault.kind in (FaultKind.DEVICE, FaultKind.DEVICE_MEMORY, FaultKind.STRESS_TEST):
             fault = escalate(fault, self.history, now, self.codes)
         self.history.append(fault)
         self.n_faults += 1
-        # The step a rank said it failed; else the newest commit heard of (reports of commits
-        # may still be on their way when a fault is detected at once).
-        step = (
-            fault.step
-            if fault.step is not None
-            else max((v.committed for v in self.ranks.values()), default=self.progress_step)
-        )
+        step = self._step_of(fault)
         fault_id = f"f{self.n_faults}"
         self.ledger.record(
             FaultDetected(
@@ -820,16 +838,28 @@ class JobManager:
         )
         if self.incident is None:
             self.incident = Incident(fault_id=fault_id, fault=fault, step_at_fault=step)
+        return fault
+
+    def _step_of(self, fault: Fault) -> int:
+        """The step a rank said it failed; else the newest commit heard of (reports of
+        commits may still be on their way when a fault is detected at once)."""
+        if fault.step is not None:
+            return fault.step
+        return max((v.committed for v in self.ranks.values()), default=self.progress_step)
+
+    def _decide(self, faults: Sequence[Fault], now: float) -> None:
+        first = faults[0]
         self.executor.policy(
             PolicyFault(
-                fault=fault,
-                feasibility=self.feasibility(fault, now),
-                progress_step=max(step, self.progress_step),
+                fault=first,
+                feasibility=self.feasibility(faults, now),
+                progress_step=max(self._step_of(first), self.progress_step),
+                together=tuple(faults[1:]),
             ),
             now,
         )
 
-    def feasibility(self, fault: Fault, now: float) -> Feasibility:
+    def feasibility(self, faults: Sequence[Fault], now: float) -> Feasibility:
         """What is possible now, as the policy needs it (see :class:`Feasibility`).
 
         Unbroken assumes data parallelism: every rank holds a full replica of the model and
@@ -841,7 +871,7 @@ class JobManager:
         "outside the optimizer update" holds whenever in-process recovery does.
         """
         rank0_pod = self.job.pod_of_rank(0)
-        healthy = self.executor.healthy_ranks(fault)
+        healthy = self.executor.healthy_ranks(faults)
         process_off = ""
         if self.diverged_generation == self.generation:
             process_off = "replicas diverged, so no replica can be trusted"
@@ -854,16 +884,17 @@ class JobManager:
                 else ""
             )
         in_process = bool(healthy) and not process_off and self.executor.in_process_recovery()
-        elastic_off = self.executor.elastic_refusal(fault) or ""
+        elastic_off = self.executor.elastic_refusal(faults) or ""
+        pods = {f.pod for f in faults if f.pod is not None}
         return Feasibility(
             process_off=process_off,
             replica_for_lost_state=in_process,
             outside_update=in_process,
-            spare_node_free=self.executor.spare_node_free(),
-            fault_age_s=max(0.0, now - fault.at),
-            rank0_pod_faulty=fault.pod is not None and fault.pod == rank0_pod,
-            pod_schedulable=self.executor.schedulable(fault),
-            pod_may_pend=self.executor.may_pend(fault),
+            spare_node_free=self.executor.spare_node_free(max(1, len(pods))),
+            fault_age_s=max(0.0, now - min(f.at for f in faults)),
+            rank0_pod_faulty=rank0_pod in pods,
+            pod_schedulable=self.executor.schedulable(faults),
+            pod_may_pend=self.executor.may_pend(faults),
             elastic_possible=in_process and not elastic_off,
             elastic_off=elastic_off,
         )

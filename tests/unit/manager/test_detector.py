@@ -126,6 +126,27 @@ def test_a_hang_is_stamped_with_the_last_tick() -> None:
     assert fault.level.stops_training
 
 
+def test_nodes_of_a_rack_lost_a_heartbeat_apart_are_handed_on_together() -> None:
+    other = Where(pod="job-worker-2", node="node-2")
+    d = _detector().node_lost(POD, (2, 3), T0 - 2.0, "silent", T0)
+    # Another agent is silent too: the first loss waits for it, up to the gather window.
+    d, faults = d.settle(T0 + 0.05, agent_silent=True, gather_s=0.5)
+    assert faults == ()
+    d = d.node_lost(other, (4, 5), T0 - 1.9, "silent", T0 + 0.1)
+    d, faults = d.settle(T0 + 0.1, agent_silent=False, gather_s=0.5)
+    assert [f.node for f in faults] == ["node-1", "node-2"] and d.held == ()
+
+
+def test_a_lost_node_is_held_no_longer_than_the_gather_window() -> None:
+    d = _detector().node_lost(POD, (2, 3), T0 - 2.0, "silent", T0)
+    assert d.settle(T0 + 0.49, agent_silent=True, gather_s=0.5)[1] == ()
+    _, (fault,) = d.settle(T0 + 0.5, agent_silent=True, gather_s=0.5)
+    assert fault.node == "node-1"
+    # Lost alone (no other agent silent), it goes at once.
+    _, (alone,) = d.settle(T0, agent_silent=False, gather_s=0.5)
+    assert alone.node == "node-1"
+
+
 def test_a_lost_node_takes_every_rank_of_its_pod() -> None:
     d = _detector().node_lost(POD, (2, 3), T0 - 2.5, "its agent missed heartbeats", T0)
     _, (fault,) = d.settle(T0, agent_silent=True)
