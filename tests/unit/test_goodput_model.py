@@ -4,6 +4,7 @@ its costs file checks, and its reading of a ledger written here with the ledger 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,45 @@ def test_command_reads_runs_and_takes_overrides(
     assert written["rungs"]["recover-in-place"]["measured_s"]["restart"] == pytest.approx(0.7)
     assert gm.main(["--costs", str(costs), "--from-runs", str(tmp_path / "none")]) == 2
     assert "none: no ledger.db found" in capsys.readouterr().err
+
+
+def test_kokolis_first_order_form_and_the_simulation_at_rsc1_inputs() -> None:
+    """Kokolis et al.'s hypothetical 16,000-GPU job on RSC-1 (6.50 failures per 1000 node-days,
+    a 5 min restart, no blocking write): their first-order form gives 0.68 at a 60 min interval
+    and 0.93 at 5 min. The simulation sits on Daly's exact value, at or above the first-order
+    form, which counts the loss linearly and so overstates it when the interval is a large part
+    of the job MTTF; without a write the model's own first-order form is theirs."""
+    costs = gm.costs_from_dict(_raw(mttf_h=8 * 24_000 / 6.5, restart_s=300.0, delta_s=0.0), "t")
+    n = 16000
+    mtbf = 1.0 / gm._rate(costs, n)
+    assert mtbf == pytest.approx(DAY / (2000 * 6.5e-3))
+    assert gm.kokolis_ettr(3600.0, 0.0, 300.0, mtbf) == pytest.approx(0.684, abs=1e-3)
+    assert gm.kokolis_ettr(300.0, 0.0, 300.0, mtbf) == pytest.approx(0.932, abs=1e-3)
+    for tau in (300.0, 3600.0):
+        theirs = gm.kokolis_ettr(tau, 0.0, 300.0, mtbf)
+        assert gm.analytic_ettr(costs, "ckpt-restart", n, tau) == pytest.approx(theirs)
+        r = gm.mean_result(costs, "ckpt-restart", n, tau, 30 * DAY, seeds=range(8))
+        assert r.ettr == pytest.approx(gm.daly_ettr(tau, 0.0, 300.0, mtbf), abs=0.01)
+        assert r.ettr >= theirs - 0.005
+    # a blocking write divides by (1 + w / tau)
+    assert gm.kokolis_ettr(600.0, 60.0, 0.0, math.inf) == pytest.approx(1.0 / 1.1)
+
+
+def test_command_at_a_node_rate_a_restart_and_an_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = tmp_path / "c.json"
+    costs.write_text(json.dumps(_raw()))
+    argv = ["--costs", str(costs), "--sizes", "16000", "--days", "3", "--seeds", "2"]
+    argv += ["--node-failures-per-1000-days", "6.5", "--restart-overhead-s", "120"]
+    argv += ["--ckpt-save-s", "0"]
+    assert gm.main([*argv, "--interval-s", "3600"]) == 0
+    out = capsys.readouterr().out
+    assert "device MTTF 29,538 h" in out
+    # 1 - (120 s + 1800 s) / (86400 s / (2000 x 6.5e-3)) = 71.1 %
+    assert "| 16,000 | 2,000 | 1.85 h | 1.0 h | 2.0 min |" in out and "| 71.1% |" in out
+    assert "published anchors\n" not in out
+    assert gm.main(argv) == 2  # no save cost: no best interval to sweep for
+    assert "give --interval-s" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gm.main([*argv, "--job-restart-s", "60"])
