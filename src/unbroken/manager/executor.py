@@ -522,23 +522,20 @@ class Executor:
         """Whether every rank's worker can leave a broken group and be repaired in process."""
         return bool(self.m.ranks) and all(v.recoverable for v in self.m.ranks.values())
 
-    def healthy_ranks(self, faults: Sequence[Fault]) -> list[int]:
-        """Live ranks outside the faults: candidates to be the replica source."""
+    def healthy_rank_left(self, faults: Sequence[Fault]) -> bool:
+        """Whether a live rank outside the faults is left to be the replica source (looked
+        for pod by pod, and only until one is found: 80k ranks at 10k nodes)."""
         named = {r for f in faults for r in f.ranks}
         whole_pods = {f.pod for f in faults if f.pod is not None and not f.ranks}
         lost_nodes = {f.node for f in faults if f.kind is FaultKind.NODE_LOST}
-        out = []
-        for r, v in sorted(self.m.ranks.items()):
-            if not v.alive or r in named:
+        for pod in self.m.pods.values():
+            if pod.lost or not pod.alive or pod.pod in whole_pods or pod.node in lost_nodes:
                 continue
-            pod_name = self.job.pod_of_rank(r)
-            pod = self.m.pods.get(pod_name or "")
-            if pod is None or pod.lost or not pod.alive:
-                continue
-            if pod_name in whole_pods or pod.node in lost_nodes:
-                continue
-            out.append(r)
-        return out
+            for r in self.job.ranks_of(pod.pod):
+                v = self.m.ranks.get(r)
+                if v is not None and v.alive and r not in named:
+                    return True
+        return False
 
     def _seen(self) -> dict[int, RankSeen]:
         """Every rank as the rung steps need to see it."""
@@ -1230,18 +1227,15 @@ class Executor:
     def _probe(self, faults: Sequence[Fault]) -> tuple[Cluster, list[Pod]]:
         """The cluster as it would be with the faults' nodes and isolating devices out and
         their pods released, and those pods to place."""
-        c = self.cluster
-        for f in faults:
-            if f.node is None or f.pod is None:
-                continue
-            if f.kind is FaultKind.NODE_LOST:
-                c = c.isolate_node(f.node, "probe")
-            elif f.device is not None and f.level.isolates_device:
-                c = c.isolate_device(f.node, f.device, "probe")
+        named = [f for f in faults if f.node is not None and f.pod is not None]
+        lost = [f.node for f in named if f.node is not None and f.kind is FaultKind.NODE_LOST]
+        c = self.cluster.isolate_nodes(lost, "probe") if lost else self.cluster
+        for f in named:
+            device = f.device if f.level.isolates_device else None
+            if f.node is not None and f.kind is not FaultKind.NODE_LOST and device is not None:
+                c = c.isolate_device(f.node, device, "probe")
         pods = self._pods_of(faults)
-        for pod in pods:
-            c = c.release(pod.name)
-        return c, pods
+        return c.release_all(p.name for p in pods), pods
 
     def schedulable(self, faults: Sequence[Fault]) -> bool:
         """Whether the faults' pods could all be placed elsewhere now."""
@@ -1265,9 +1259,7 @@ class Executor:
             if held and f.node is not None and f.device is not None:
                 c = c.isolate_device(f.node, f.device, "probe")
         wanted = self._pods_of(faults)
-        for pod in wanted:
-            c = c.release(pod.name)
-        return not isinstance(place(c, wanted), Unschedulable)
+        return not isinstance(place(c.release_all(p.name for p in wanted), wanted), Unschedulable)
 
     def _pods_of(self, faults: Sequence[Fault]) -> list[Pod]:
         names = dict.fromkeys(f.pod for f in faults if f.pod is not None)

@@ -871,7 +871,6 @@ class JobManager:
         "outside the optimizer update" holds whenever in-process recovery does.
         """
         rank0_pod = self.job.pod_of_rank(0)
-        healthy = self.executor.healthy_ranks(faults)
         process_off = ""
         if self.diverged_generation == self.generation:
             process_off = "replicas diverged, so no replica can be trusted"
@@ -883,7 +882,11 @@ class JobManager:
                 if off
                 else ""
             )
-        in_process = bool(healthy) and not process_off and self.executor.in_process_recovery()
+        in_process = (
+            not process_off
+            and self.executor.in_process_recovery()
+            and self.executor.healthy_rank_left(faults)
+        )
         elastic_off = self.executor.elastic_refusal(faults) or ""
         pods = {f.pod for f in faults if f.pod is not None}
         return Feasibility(

@@ -173,8 +173,14 @@ class Cluster:
         return replace(self, isolated_devices=rest, held_devices=self.held_devices - {key})
 
     def isolate_node(self, node: str, reason: str) -> Cluster:
-        self.node(node)
-        return replace(self, isolated_nodes={**self.isolated_nodes, node: reason})
+        return self.isolate_nodes((node,), reason)
+
+    def isolate_nodes(self, nodes: Iterable[str], reason: str) -> Cluster:
+        """Take nodes out of the pool at once (one copy of the cluster, not one per node)."""
+        names = list(nodes)
+        for node in names:
+            self.node(node)
+        return replace(self, isolated_nodes={**self.isolated_nodes, **dict.fromkeys(names, reason)})
 
     def return_node(self, node: str) -> Cluster:
         self.node(node)
@@ -203,9 +209,14 @@ class Cluster:
 
     def release(self, pod: str) -> Cluster:
         """Forget where a pod was (its processes are gone); no change for an unbound pod."""
-        if pod not in self.bindings:
+        return self.release_all((pod,))
+
+    def release_all(self, pods: Iterable[str]) -> Cluster:
+        """:meth:`release` of several pods at once (one copy of the cluster)."""
+        gone = {p for p in pods if p in self.bindings}
+        if not gone:
             return self
-        return replace(self, bindings={k: v for k, v in self.bindings.items() if k != pod})
+        return replace(self, bindings={k: v for k, v in self.bindings.items() if k not in gone})
 
     # -- checks ----------------------------------------------------------------------------
 
