@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from unbroken.cli.control import call_run
+from unbroken.cli.ledgerwait import wait_for_record
 from unbroken.cli.rundir import RunDirError, find_run
 from unbroken.ledger import (
     Ledger,
@@ -57,34 +57,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"unbroken {command}: {exc}", file=sys.stderr)
         return 1
     try:
-        last = max((r.id for r in ledger.events(kinds=_KINDS)), default=0)
+        since = max((r.id for r in ledger.events(kinds=_KINDS)), default=0)
         to = str(getattr(args, "plane", "") or "")
         reply = call_run(command, run_dir, METHOD, {"to": to})
         if reply is None:
             return 1
         print(str(reply.get("detail", "")), flush=True)
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            for rec in ledger.events(since_id=last, kinds=_KINDS):
-                last = rec.id
-                d = rec.data
-                if d["planned"] and (not to or d["to"] == to):
-                    print(
-                        f"plane {d['to']} active: step {d['step']} committed by generation "
-                        f"{d['generation']}; training stood still {d['pause_s']:.2f} s"
-                    )
-                    return 0
-            st = ledger.status()
-            if st is not None and st.phase.finished:
-                print(f"unbroken {command}: the job ended ({st.phase})", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        code = wait_for_record(
+            ledger, command, _KINDS, lambda rec: _on_switch(rec, to), args.timeout, since
+        )
     finally:
         ledger.close()
+    if code is not None:
+        return code
     print(
         f"unbroken {command}: no step on the new plane within {args.timeout:.0f} s", file=sys.stderr
     )
     return 1
+
+
+def _on_switch(rec: Record, to: str) -> int | None:
+    """0, with the pause printed, once the requested switch (to ``to``, or back when empty) has
+    committed its first step; None for any other switch (one the job made on its own, or one
+    another request asked for)."""
+    d = rec.data
+    if d["planned"] and (not to or d["to"] == to):
+        print(
+            f"plane {d['to']} active: step {d['step']} committed by generation "
+            f"{d['generation']}; training stood still {d['pause_s']:.2f} s"
+        )
+        return 0
+    return None
 
 
 _KINDS = [PlaneFailover.kind, PlaneSwitchback.kind]

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from unbroken.cli.control import call_run
+from unbroken.cli.ledgerwait import wait_for_record
 from unbroken.cli.rundir import RunDirError, find_run
-from unbroken.ledger import Ledger, LedgerError
+from unbroken.ledger import Ledger, LedgerError, Record
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,29 +51,28 @@ def _follow(run_dir: Path, round_: int, timeout_s: float) -> int:
     except LedgerError as exc:
         print(f"unbroken stress-test: {exc}", file=sys.stderr)
         return 1
-    deadline = time.monotonic() + timeout_s
-    tested: dict[str, Any] | None = None
-    last = 0
+    verdict_seen = False
+
+    def on_record(rec: Record) -> int | None:
+        nonlocal verdict_seen
+        if rec.data.get("round") != round_:
+            return None
+        if rec.kind == "StressTested":
+            verdict_seen = True
+            _print_verdict(rec.data)
+            return None
+        _print_finished(rec.data)
+        return 0 if rec.data["code"] == 0 else 1
+
     try:
-        while time.monotonic() < deadline:
-            for rec in ledger.events(since_id=last, kinds=["StressTested", "StressTestFinished"]):
-                last = rec.id
-                if rec.data.get("round") != round_:
-                    continue
-                if rec.kind == "StressTested":
-                    tested = rec.data
-                    _print_verdict(tested)
-                else:
-                    _print_finished(rec.data)
-                    return 0 if rec.data["code"] == 0 else 1
-            st = ledger.status()
-            if st is not None and st.phase.finished:
-                print(f"unbroken stress-test: the job ended ({st.phase})", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        code = wait_for_record(
+            ledger, "stress-test", ["StressTested", "StressTestFinished"], on_record, timeout_s
+        )
     finally:
         ledger.close()
-    what = "training to resume" if tested is not None else "the verdict"
+    if code is not None:
+        return code
+    what = "training to resume" if verdict_seen else "the verdict"
     print(f"unbroken stress-test: no {what} within {timeout_s:.0f} s", file=sys.stderr)
     return 1
 
