@@ -115,18 +115,27 @@ def assert_healthy_ranks_kept_their_processes(
     assert all(final[r] != old[r] for r in replaced), (old, final)
 
 
-def test_hsdp_killed_rank_is_recovered_in_place_from_its_replica(
-    run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
-) -> None:
-    job = write_job(tmp_path / "job.yaml", job=HSDP, replace=HSDP_SCRIPT)
+def _run_with_rank_3_killed(
+    run_dir: Path, tmp_path: Path, spec: Path, name: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the job ``spec`` (named ``name``) with rank 3 SIGKILLed after step 25, and check
+    that the run succeeded after exactly one fault and one recovery, the fault being that
+    kill. Returns the run's events and its one incident, for the checks of how it recovered."""
+    job = write_job(tmp_path / "job.yaml", job=spec, replace=HSDP_SCRIPT)
     res = run_job(run_dir, "--chaos", KILL, job=job)
     assert res.rc == 0, res.explain()
-    assert "job e2e-hsdp: SUCCEEDED" in res.stdout, res.explain()
+    assert f"job {name}: SUCCEEDED" in res.stdout, res.explain()
     assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
-
     evs = events(run_dir)
     incident = the_incident(evs)
     assert incident[0]["code"] == "signal:SIGKILL" and incident[0]["ranks"] == [3], incident[0]
+    return evs, incident
+
+
+def test_hsdp_killed_rank_is_recovered_in_place_from_its_replica(
+    run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
+) -> None:
+    evs, incident = _run_with_rank_3_killed(run_dir, tmp_path, HSDP, "e2e-hsdp")
     decision = incident[1]
     assert decision["strategy"] == "recover-in-place", decision
     assert decision["commands"] == [f"RestartInPlace(pod='{HSDP_WORKER}', ranks=(3,))"]
@@ -225,14 +234,7 @@ def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
     """Rank 3's optimizer partition comes from rank 0's replica of it, its replica of
     partition 2 from rank 2; the model and the rest from the command's source. The run ends
     bitwise equal to the fault-free ZeRO run without replicas (they train alike)."""
-    job = write_job(tmp_path / "job.yaml", job=ZERO_REPLICA, replace=HSDP_SCRIPT)
-    res = run_job(run_dir, "--chaos", KILL, job=job)
-    assert res.rc == 0, res.explain()
-    assert "job e2e-zero: SUCCEEDED" in res.stdout, res.explain()
-    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
-    evs = events(run_dir)
-    incident = the_incident(evs)
-    assert incident[0]["code"] == "signal:SIGKILL" and incident[0]["ranks"] == [3], incident[0]
+    evs, incident = _run_with_rank_3_killed(run_dir, tmp_path, ZERO_REPLICA, "e2e-zero")
     assert incident[1]["strategy"] == "recover-in-place", incident[1]
     (loaded,) = of_kind(incident, "StateLoaded")
     assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
