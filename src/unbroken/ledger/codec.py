@@ -26,8 +26,13 @@ class DecodeError(ValueError):
     """A stored record does not match its event class."""
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def to_json_value(value: Any) -> Any:
     """Return ``value`` as plain JSON types (dict, list, str, int, float, bool, None)."""
+    if type(value) in _PLAIN:  # the common case first (a 10k-node status has 100k numbers)
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Enum):

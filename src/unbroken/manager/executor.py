@@ -557,6 +557,16 @@ class Executor:
             )
         return out
 
+    def _a_healthy_rank_runs(self, pr: Rejoin) -> bool:
+        """Whether a rank the rejoin waits for has not stopped yet (the first one found)."""
+        return any(
+            v.alive
+            and v.phase != "stopping"
+            and r not in pr.lost
+            and self.job.pod_of_rank(r) not in pr.skip_pods
+            for r, v in self.m.ranks.items()
+        )
+
     def ranks_seen(self) -> dict[int, RankSeen]:
         """Every rank as the multi-step operations see it."""
         return self._seen()
@@ -629,6 +639,8 @@ class Executor:
         pr = self.pending_rejoin
         if pr is None:
             return
+        if now < pr.deadline_at and self._a_healthy_rank_runs(pr):
+            return  # waited for, without seeing all 80k ranks every tick (advance_rejoin's Wait)
         match advance_rejoin(pr, self._seen().values(), now):
             case Wait():
                 return

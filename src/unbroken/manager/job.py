@@ -129,10 +129,14 @@ def let_store_go(store: Any, wait_s: float = 0.0) -> None:
 #: often (and no more often, however many messages arrive).
 TICK_S = 0.05
 #: How long a lost node is held while other agents are silent, so that the nodes of a rack
-#: that went at once are one incident (:meth:`Detector.settle`): they are found lost one
-#: heartbeat interval apart at most (0.1 s in a small job; in a large one their order streams
-#: break together).
-GATHER_S = 0.5
+#: that went at once are one incident (:meth:`Detector.settle`): in a small job they are found
+#: lost one heartbeat interval apart (0.1 s); in a large one their order streams break
+#: together, and the server sees the breaks up to about a second apart when it is busy
+#: (bench/scale.py, 10k nodes).
+GATHER_S = 1.0
+#: How often a large job's manager looks at every agent's silence (a node that hangs with its
+#: order stream open is lost after three heartbeat intervals, 60 s at 10k nodes).
+AGENTS_SCAN_S = 1.0
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
 _PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release", "Link"})
@@ -195,6 +199,9 @@ class JobManager:
         #: tick.
         self.scan_s = max(TICK_S, self.heartbeat_s / 2)
         self.next_scan_at = 0.0
+        self.next_agents_at = 0.0
+        #: An agent silent beyond :meth:`_quiet_s` at the last full check of the agents.
+        self.long_silent = False
         self.pods: dict[str, PodProcess] = {}
         self.ranks: dict[int, RankView] = {}
         self.generation = 0
@@ -706,8 +713,20 @@ class JobManager:
         self._write_status(now)
 
     def _check_agents(self, now: float) -> None:
+        """Nodes whose agents fell silent are lost. In a large job (a heartbeat interval
+        above the floor) every agent is looked at once every ``AGENTS_SCAN_S`` and, in
+        between, only those whose order stream broke (a scan of 10k pods every tick was a
+        tenth of the manager's CPU); a small job looks at all every tick."""
+        full = self.heartbeat_s <= HEARTBEAT_FLOOR_S or now >= self.next_agents_at
+        if full:
+            self.next_agents_at = now + AGENTS_SCAN_S
+            pods = list(self.pods.values())
+            self.long_silent = False
+        else:
+            pods = self._broken_stream_pods()
+        quiet_s = self._quiet_s()
         silent_pods: list[tuple[PodProcess, str]] = []
-        for pod in list(self.pods.values()):
+        for pod in pods:
             if pod.finished or pod.stopped or pod.lost:
                 continue
             if pod.hello_at is None:
@@ -716,6 +735,8 @@ class JobManager:
                     self._node_lost(pod, now, "its agent never reported")
                 continue
             silent = now - pod.last_heartbeat_at
+            if full and silent > quiet_s:
+                self.long_silent = True
             broken_at = self.streams_broken.get((pod.pod, pod.pid))
             # Silent for agent_timeout_s since its order stream broke, or for silence_s (the
             # same for a small job) at all: the node is lost. Counted from the break, the nodes
@@ -737,7 +758,7 @@ class JobManager:
                 pod.lost = True
                 why = f"its agent's order stream broke {quiet:.2f} s ago, nothing since"
                 self._node_lost(pod, now, why)
-            elif over:
+            elif over and full:
                 silent_pods.append((pod, f"its agent missed heartbeats for {silent:.2f} s"))
         # Many agents silent at once with their streams open says more of the control plane
         # (its host stalled, its own backlog) than of the nodes: in a large job, more than a
@@ -766,16 +787,31 @@ class JobManager:
             now,
         )
 
+    def _broken_stream_pods(self) -> list[PodProcess]:
+        """The pods whose agent's order stream broke (and has not opened again)."""
+        return [
+            p for (name, pid) in self.streams_broken if (p := self.pods.get(name)) and p.pid == pid
+        ]
+
+    def _quiet_s(self) -> float:
+        """An agent may be silent for a heartbeat interval: it looks lost after half as long
+        again (or after 0.5 s once its order stream broke)."""
+        return max(0.5, 1.5 * self.heartbeat_s)
+
     def _settle(self, now: float) -> None:
-        # An agent may be silent for a heartbeat interval: it looks lost after half as long
-        # again, or after 0.5 s once its order stream broke.
-        quiet_s = max(0.5, 1.5 * self.heartbeat_s)
-        silent = any(
-            not (p.finished or p.stopped or p.lost)
-            and (s := now - p.last_heartbeat_at) > 0.5
-            and (s > quiet_s or (p.pod, p.pid) in self.streams_broken)
-            for p in self.pods.values()
-        )
+        quiet_s = self._quiet_s()
+        if self.heartbeat_s <= HEARTBEAT_FLOOR_S:
+            silent = any(
+                not (p.finished or p.stopped or p.lost)
+                and (s := now - p.last_heartbeat_at) > 0.5
+                and (s > quiet_s or (p.pod, p.pid) in self.streams_broken)
+                for p in self.pods.values()
+            )
+        else:  # the agents silent that long were counted by the last full check
+            silent = self.long_silent or any(
+                not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
+                for p in self._broken_stream_pods()
+            )
         self.detector, faults = self.detector.settle(now, agent_silent=silent, gather_s=GATHER_S)
         self.faults_detected(faults, now)
 
@@ -800,22 +836,28 @@ class JobManager:
         """Faults found in one check, in the order they came. Each is recorded; those that
         stop training are one incident, decided once (a rack's nodes lost at once: were they
         decided one by one, each would escalate the one before)."""
-        faults = [self._record_fault(f, now) for f in found]
+        if not found:
+            return
+        # The newest commit heard of, once for all (80k ranks at 10k nodes).
+        newest = max((v.committed for v in self.ranks.values()), default=self.progress_step)
+        faults = [self._record_fault(f, now, newest) for f in found]
         stopping = [f for f in faults if f.level.stops_training]
         together = len(stopping) > 1
         for fault in faults:
             if together and fault.level.stops_training:
                 if fault is stopping[0]:
-                    self._decide(stopping, now)
+                    self._decide(stopping, now, newest)
                 continue
-            self._decide([fault], now)
+            self._decide([fault], now, newest)
 
-    def _record_fault(self, fault: Fault, now: float) -> Fault:
+    def _record_fault(self, fault: Fault, now: float, newest: int) -> Fault:
         if fault.kind in (FaultKind.DEVICE, FaultKind.DEVICE_MEMORY, FaultKind.STRESS_TEST):
             fault = escalate(fault, self.history, now, self.codes)
         self.history.append(fault)
         self.n_faults += 1
-        step = self._step_of(fault)
+        # The step a rank said it failed; else the newest commit heard of (reports of commits
+        # may still be on their way when a fault is detected at once).
+        step = fault.step if fault.step is not None else newest
         fault_id = f"f{self.n_faults}"
         self.ledger.record(
             FaultDetected(
@@ -840,20 +882,14 @@ class JobManager:
             self.incident = Incident(fault_id=fault_id, fault=fault, step_at_fault=step)
         return fault
 
-    def _step_of(self, fault: Fault) -> int:
-        """The step a rank said it failed; else the newest commit heard of (reports of
-        commits may still be on their way when a fault is detected at once)."""
-        if fault.step is not None:
-            return fault.step
-        return max((v.committed for v in self.ranks.values()), default=self.progress_step)
-
-    def _decide(self, faults: Sequence[Fault], now: float) -> None:
+    def _decide(self, faults: Sequence[Fault], now: float, newest: int) -> None:
         first = faults[0]
+        step = first.step if first.step is not None else newest
         self.executor.policy(
             PolicyFault(
                 fault=first,
                 feasibility=self.feasibility(faults, now),
-                progress_step=max(self._step_of(first), self.progress_step),
+                progress_step=max(step, self.progress_step),
                 together=tuple(faults[1:]),
             ),
             now,

@@ -293,7 +293,7 @@ def build_server(
         pod, pid = str(body["pod"]), int(body["pid"])
         who: JsonObj = {"pod": pod, "pid": pid}
         box = commands.of(pod, pid)
-        inbox.put(Inbound(STREAM_OPENED, who))
+        inbox.put(Inbound(STREAM_OPENED, who, at=clock()))
         try:
             # The run's end wakes the stream at once (CommandQueues.close); a peer gone
             # cancels it (the server's event loop raises CancelledError in the wait).
@@ -303,7 +303,9 @@ def build_server(
                     yield item
         finally:
             if not commands.closed.is_set():
-                inbox.put(Inbound(STREAM_CLOSED, who))
+                # Stamped when the server saw it: the nodes of a rack whose streams broke
+                # together are lost together, however long the manager's inbox is.
+                inbox.put(Inbound(STREAM_CLOSED, who, at=clock()))
 
     def node_orders(body: JsonObj, active: Callable[[], bool]) -> Iterator[JsonObj]:
         q = registry.orders_of(str(body["node"]))
