@@ -26,6 +26,7 @@ from unbroken.protocol.messages import (
     COMMANDS,
     AgentHeartbeat,
     AgentHello,
+    PauseRanks,
     RankProgress,
     RanksRejoined,
     RanksStarted,
@@ -119,6 +120,8 @@ class SimAgent:
         self.generation = -1
         self.gen_start = 0.0
         self.base_step = 0
+        #: The step its ranks stopped at (PauseRanks), until the rejoin; None: training.
+        self.paused_at: int | None = None
         self.silent = False
         self.registered = asyncio.Event()
         self.stream_task: asyncio.Task[None] | None = None
@@ -150,15 +153,20 @@ class SimAgent:
             return {}
         return reply
 
-    def _started(self, generation: int) -> None:
+    def _started(self, generation: int, step: int | None = None) -> None:
+        """Its ranks begin ``generation``, from ``step`` (a rejoin's replica) or from where
+        they were."""
         now = time.time()
-        self.base_step = self.committed(now)
+        self.base_step = self.committed(now) if step is None else step
         self.generation = generation
         self.gen_start = now
+        self.paused_at = None
 
     def committed(self, now: float) -> int:
         if self.generation < 0:
             return 0
+        if self.paused_at is not None:
+            return self.paused_at
         return self.base_step + int((now - self.gen_start) / STEP_S)
 
     def beat(self, now: float) -> AgentHeartbeat:
@@ -170,7 +178,8 @@ class SimAgent:
                 pid=pid,
                 rank=rank,
                 generation=self.generation,
-                phase=Phase.TRAINING,
+                phase=Phase.TRAINING if self.paused_at is None else Phase.STOPPING,
+                recoverable=1,
                 tick=committed,
                 tick_at=now,
                 step=committed + 1,
@@ -197,7 +206,7 @@ class SimAgent:
         if hello.heartbeat_s > 0:
             self.f.interval_s = hello.heartbeat_s
         self.stream_task = asyncio.get_running_loop().create_task(self.orders())
-        self._started(hello.generation)
+        self._started(hello.generation, hello.join.step if hello.join is not None else None)
         if hello.join is not None:
             await self.send(
                 RanksRejoined(
@@ -240,8 +249,13 @@ class SimAgent:
                         await self.send(
                             RanksStarted(pids=self.rank_pids, started_at=self.gen_start)
                         )
-                    case RejoinRanks(generation=g, replace=replace):
-                        self._started(g)
+                    case PauseRanks():
+                        # The ranks stop at the step boundary, and the agent says so at once
+                        # (a milestone, not the periodic heartbeat).
+                        self.paused_at = self.committed(at)
+                        await self.send(self.beat(time.time()))
+                    case RejoinRanks(generation=g, replace=replace, step=step):
+                        self._started(g, step)
                         await self.send(
                             RanksRejoined(
                                 pids=self.rank_pids, joined=replace, started_at=self.gen_start

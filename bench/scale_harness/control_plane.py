@@ -27,7 +27,7 @@ from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, Po
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.service import Inbound
 from unbroken.rpc.store import listening_socket
-from unbroken.spec.knobs import FaultHandling, FaultScheduling
+from unbroken.spec.knobs import FaultHandling, FaultScheduling, ProcessRecover, Strategy
 
 RANKS_PER_NODE = 8
 #: Agent pids of external pods start above Linux's largest pid (2**22): never a real process.
@@ -83,12 +83,29 @@ class HarnessManager(JobManager):
         super()._handle(msg)
 
 
+def handling(strategy: str) -> FaultHandling:
+    """``recover``: a lost node's pod moves to a spare node and every other rank rejoins in
+    its process (the seed's process-level rescheduling, pod-level rescheduling below it);
+    ``reschedule``: pod-level rescheduling only."""
+    if strategy == "recover":
+        return FaultHandling(
+            strategies=(Strategy.RECOVER, Strategy.EXIT),
+            process_recover=ProcessRecover.ON,
+            fault_scheduling=FaultScheduling.GRACE,
+            pod_rescheduling=True,
+        )
+    return FaultHandling(
+        strategies=(), fault_scheduling=FaultScheduling.GRACE, pod_rescheduling=True
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--spares", type=int, required=True)
     ap.add_argument("--run-dir", type=Path, required=True)
     ap.add_argument("--agent-timeout", type=float, default=2.0)
+    ap.add_argument("--strategy", choices=("recover", "reschedule"), default="recover")
     a = ap.parse_args()
     os.environ["UNBROKEN_STANDBY"] = "0"  # no node image, no warm spares: no processes
     a.run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,9 +116,7 @@ def main() -> int:
         ),
         script="train.py",
         script_args=(),
-        fault_handling=FaultHandling(
-            strategies=(), fault_scheduling=FaultScheduling.GRACE, pod_rescheduling=True
-        ),
+        fault_handling=handling(a.strategy),
         workdir=a.run_dir,
     )
     cluster = ClusterLayout(
