@@ -67,9 +67,9 @@ from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
 from unbroken.manager.metrics import LedgerCollector, registry_for
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.progress import (
+    PhaseWatch,
     RankView,
     committed_step,
-    generation_phases,
     median_step_time,
 )
 from unbroken.manager.service import (
@@ -224,6 +224,7 @@ class JobManager:
         self.progress_step = 0
         self.fired_chaos: set[int] = set()
         self.phases_done: dict[str, int] = {}
+        self.phase_watch = PhaseWatch()
         self.outcome: RunOutcome | None = None
         self.store: Any = None
         self.server: Any = None
@@ -580,6 +581,7 @@ class JobManager:
             if view is not None and view.pid == row.pid:
                 seen = view.op_retries
                 view.update(row)
+                self.phase_watch.touch(row.rank)
                 if view.op_retries > seen and view.op_retry_at > self.generation_began.get(
                     self.generation, 0.0
                 ):  # a collective re-executed in the rank: no fault for the policy
@@ -665,6 +667,7 @@ class JobManager:
         pod.rank_pids = pids
         for rank, pid in pids.items():
             self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
+            self.phase_watch.touch(rank)
         # A rejoin keeps the healthy processes: only replacements are started processes.
         started = sorted(pids) if isinstance(event, RanksStarted) else sorted(event.joined)
         if started:
@@ -945,7 +948,9 @@ class JobManager:
         world_size = self.executor.world_size()  # smaller while an elastic job is scaled in
         if len(self.ranks) < world_size:
             return
-        ph = generation_phases(self.ranks.values(), world_size, self.generation_began.get(gen, 0.0))
+        ph = self.phase_watch.phases(
+            self.ranks, world_size, gen, self.generation_began.get(gen, 0.0)
+        )
         if ph.comm_ready_at and self.phases_done.get("comm") != gen:
             self.phases_done["comm"] = gen
             self.ledger.record(
@@ -1003,6 +1008,8 @@ class JobManager:
                     PolicyRecovered(at=ph.first_commit_at, generation=rung),
                     now,
                 )
+        if not scan:
+            return  # progress, a pass over every rank, is read at the scans of a large job
         step = committed_step(self.ranks.values())
         every = self.opt.progress_every
         if step // every > self.progress_step // every:

@@ -7,7 +7,8 @@ loaded and its first step committed on every rank: the phases of a recovery.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from unbroken.protocol.messages import RankProgress
@@ -75,38 +76,98 @@ class GenerationPhases:
     first_commit_at: float | None
 
 
-def generation_phases(
-    ranks: Iterable[RankView], world_size: int, since: float = 0.0
-) -> GenerationPhases:
-    """``since``: when the generation began; a stamp older than that belongs to an earlier
-    generation of a process that lives on (in-process recovery) and does not count.
+class PhaseWatch:
+    """When every rank of the generation reached each phase, kept up to date as ranks report.
 
-    One pass, which stops at the first rank that has reached none of the phases (during a
-    recovery of 80k ranks, most have not: the manager asks every tick)."""
-    views = list(ranks)
-    if len(views) < world_size:
-        return GenerationPhases(None, None, None, None)
-    comm: float | None = 0.0
-    state: float | None = 0.0
-    first: float | None = 0.0
-    starts: set[int] = set()
-    for v in views:
-        if comm is not None:
-            comm = max(comm, v.comm_ready_at) if v.comm_ready_at > since else None
-        if state is not None:
-            state = max(state, v.state_loaded_at) if v.state_loaded_at > since else None
-        if first is not None:
-            first = max(first, v.first_commit_at) if v.first_commit_at > since else None
+    The manager asks every tick while a generation starts; at 80k ranks a scan of every rank
+    each tick was the manager's whole CPU while the ranks' first records came in. Here a
+    rank's stamps are counted when it is touched (its view replaced or updated), so a tick
+    costs what changed since the last one. ``since``: when the generation began; a stamp
+    older than that belongs to an earlier generation of a process that lives on (in-process
+    recovery) and does not count.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[int, float] | None = None
+        #: Per rank: the phase stamps and start step counted for it.
+        self._seen: dict[int, tuple[float, float, float, int]] = {}
+        self._dirty: set[int] = set()
+        self._count = [0, 0, 0]
+        self._latest = [0.0, 0.0, 0.0]
+        self._latest_stale = False
+        self._starts: Counter[int] = Counter()
+
+    def touch(self, rank: int) -> None:
+        """``rank``'s view was replaced or updated."""
+        self._dirty.add(rank)
+
+    def _reset(self, key: tuple[int, float], ranks: Mapping[int, RankView]) -> None:
+        self._key = key
+        self._seen.clear()
+        self._count = [0, 0, 0]
+        self._latest = [0.0, 0.0, 0.0]
+        self._latest_stale = False
+        self._starts.clear()
+        self._dirty = set(ranks)
+
+    def _count_dirty(self, ranks: Mapping[int, RankView], since: float) -> None:
+        for rank in self._dirty:
+            v = ranks.get(rank)
+            new = (
+                None
+                if v is None
+                else (v.comm_ready_at, v.state_loaded_at, v.first_commit_at, v.start_step)
+            )
+            old = self._seen.pop(rank, None)
+            if new is not None:
+                self._seen[rank] = new
+            if old == new:
+                continue
+            if old is not None:
+                for i in range(3):
+                    if old[i] > since:
+                        self._count[i] -= 1
+                        if old[i] >= self._latest[i] and (new is None or new[i] < old[i]):
+                            self._latest_stale = True
+                self._starts[old[3]] -= 1
+                if not self._starts[old[3]]:
+                    del self._starts[old[3]]
+            if new is not None:
+                for i in range(3):
+                    if new[i] > since:
+                        self._count[i] += 1
+                        self._latest[i] = max(self._latest[i], new[i])
+                self._starts[new[3]] += 1
+        self._dirty.clear()
+
+    def phases(
+        self, ranks: Mapping[int, RankView], world_size: int, generation: int, since: float
+    ) -> GenerationPhases:
+        if self._key != (generation, since):
+            self._reset((generation, since), ranks)
+        self._count_dirty(ranks, since)
+        if len(self._seen) != len(ranks):  # a view added or removed untouched: count afresh
+            self._reset((generation, since), ranks)
+            self._count_dirty(ranks, since)
+        n = len(self._seen)
+        if n < world_size:
+            return GenerationPhases(None, None, None, None)
+        if self._latest_stale:
+            self._latest = [
+                max((s[i] for s in self._seen.values() if s[i] > since), default=0.0)
+                for i in range(3)
+            ]
+            self._latest_stale = False
+        comm, state, first = (
+            self._latest[i] if self._count[i] == n and self._latest[i] else None for i in range(3)
+        )
         if comm is None and state is None and first is None:
             return GenerationPhases(None, None, None, None)
-        starts.add(v.start_step)
-    start = next(iter(starts)) if len(starts) == 1 and -1 not in starts else None
-    return GenerationPhases(
-        comm_ready_at=comm or None,
-        state_loaded_at=state or None,
-        start_step=start,
-        first_commit_at=first or None,
-    )
+        starts = self._starts
+        start = next(iter(starts)) if len(starts) == 1 and -1 not in starts else None
+        return GenerationPhases(
+            comm_ready_at=comm, state_loaded_at=state, start_step=start, first_commit_at=first
+        )
 
 
 def committed_step(ranks: Iterable[RankView]) -> int:
