@@ -74,6 +74,7 @@ class Result:
     decision: list[float] = field(default_factory=list)
     place: list[float] = field(default_factory=list)
     orders_all: list[float] = field(default_factory=list)
+    pause_all: list[float] = field(default_factory=list)
     detect: list[float] = field(default_factory=list)
     hb_rate: float = 0.0
     hb_offered: float = 0.0
@@ -83,6 +84,7 @@ class Result:
     rss_mib: float = 0.0
     ledger_rate: float = 0.0
     lag_p99: float = 0.0
+    lag_faults_p99: float = 0.0
     recovered: int = 0
     faults: int = 0
     speedup: float = 0.0
@@ -226,7 +228,17 @@ async def one_run(
             up = sum(a.registered.is_set() for a in fleet.agents.values())
             res.outcome = f"only {up}/{n} agents registered"
             return res
-        await asyncio.sleep(2.0)  # the first heartbeats settle
+        # The ranks' first records and commits are told (a heartbeat each, 2N in all) and
+        # the manager has caught up before the steady window.
+        await wait_for(
+            lambda: (
+                all(a.settled.is_set() for a in fleet.agents.values())
+                and bool(cp.inbox)
+                and cp.inbox[-1][1] < 10
+            ),
+            30 + n / 100,
+        )
+        await asyncio.sleep(2.0)
         # Steady state: heartbeats at the real rate, no fault.
         fleet.stats.lags.clear()
         fleet.measuring = True
@@ -250,6 +262,8 @@ async def one_run(
         rounds = [[p] for p in rng.sample(live[rack:], min(faults, n - rack))]
         rounds += [live[:rack]] if rack else []
         faults_t0 = time.time()
+        fleet.stats.lags.clear()
+        fleet.measuring = True
         for victims in rounds:
             await asyncio.sleep(min(3 * gap_s, rng.expovariate(1.0 / gap_s)))
             before = len(ledger_rows(db, ("RecoveryCompleted",)))
@@ -292,8 +306,18 @@ async def one_run(
             ]
             if firsts:
                 res.orders_all.append(max(firsts) - detected)
+            # Under recover every agent is first told to pause its ranks at a step boundary.
+            paused = [
+                min(a for a, o, _ in log if a >= at and o == "PauseRanks")
+                for log in fleet.stats.orders.values()
+                if any(a >= at and o == "PauseRanks" for a, o, _ in log)
+            ]
+            if paused:
+                res.pause_all.append(max(paused) - decided)
         # What the ledger takes while faults are handled (in steady state it records nothing).
         faults_t1 = time.time()
+        fleet.measuring = False
+        res.lag_faults_p99 = pct(fleet.stats.lags, 0.99)
         res.ledger_rate = ledger_count(db, faults_t0, faults_t1) / (faults_t1 - faults_t0)
         res.outcome = res.outcome or "ok"
     finally:
@@ -320,6 +344,7 @@ def table(results: list[Result]) -> str:
         ("decision p50 ms", lambda r: pct(r.decision, 0.5)),
         ("decision p99 ms", lambda r: pct(r.decision, 0.99)),
         ("place ms", lambda r: pct(r.place, 0.5)),
+        ("pause orders to all ms", lambda r: pct(r.pause_all, 0.99)),
         ("orders to all ms", lambda r: pct(r.orders_all, 0.99)),
         ("detect ms", lambda r: pct(r.detect, 0.5)),
     ]
@@ -332,27 +357,28 @@ def table(results: list[Result]) -> str:
         ("manager RSS MiB", lambda r: r.rss_mib, "{:.0f}"),
         ("ledger rows/s, faults", lambda r: r.ledger_rate, "{:.1f}"),
         ("generator lag p99 ms", lambda r: r.lag_p99 * 1000, "{:.0f}"),
+        ("generator lag p99 ms, faults", lambda r: r.lag_faults_p99 * 1000, "{:.0f}"),
     ]
-    head = f"{'nodes':<22}" + "".join(f"{r.n:>10}" for r in results) + f"{'growth':>10}"
+    head = f"{'nodes':<28}" + "".join(f"{r.n:>10}" for r in results) + f"{'growth':>10}"
     lines = [head, "-" * len(head)]
     for name, f in cols:
         vals = [f(r) for r in results]
         lines.append(
-            f"{name:<22}"
+            f"{name:<28}"
             + "".join(f"{ms(v):>10}" for v in vals)
             + f"{growth(list(zip([r.n for r in results], vals, strict=True))):>10}"
         )
     for name, f, fmt in other:
         vals = [f(r) for r in results]
         lines.append(
-            f"{name:<22}"
+            f"{name:<28}"
             + "".join(f"{fmt.format(v):>10}" for v in vals)
             + f"{growth(list(zip([r.n for r in results], vals, strict=True))):>10}"
         )
     lines.append(
-        f"{'faults recovered':<22}" + "".join(f"{f'{r.recovered}/{r.faults}':>10}" for r in results)
+        f"{'faults recovered':<28}" + "".join(f"{f'{r.recovered}/{r.faults}':>10}" for r in results)
     )
-    lines.append(f"{'fault speed-up':<22}" + "".join(f"{r.speedup:>10.1e}" for r in results))
+    lines.append(f"{'fault speed-up':<28}" + "".join(f"{r.speedup:>10.1e}" for r in results))
     for r in results:
         if r.outcome != "ok":
             lines.append(f"{r.n} nodes: {r.outcome}")

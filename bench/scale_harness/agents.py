@@ -1,8 +1,9 @@
 """Simulated node agents: many node identities multiplexed over a few gRPC channels in one
 asyncio loop, each speaking the agent protocol of :mod:`unbroken.agent.managed` to the real
 control plane: a hello, its ranks' start, a heartbeat of its 8 ranks' records at the interval
-the hello's answer sets (as the real agent does; ``heartbeat_s`` where it sets none), and a
-stream of the manager's orders, obeyed as an agent would (restart, rejoin, pause, stop). A node
+the hello's answer sets (as the real agent does; ``heartbeat_s`` where it sets none), one more
+the moment the ranks' milestones change (their records appear, their first commit, a pause), and
+a stream of the manager's orders, obeyed as an agent would (restart, rejoin, pause, stop). A node
 fault is its agent falling silent and its order stream dropped (its connection gone).
 
 The generator's own lag (how late a heartbeat went out against its schedule) is measured, so a
@@ -24,6 +25,7 @@ import grpc
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.messages import (
     COMMANDS,
+    HEARTBEAT,
     AgentHeartbeat,
     AgentHello,
     PauseRanks,
@@ -74,12 +76,23 @@ class Fleet:
         self.stats = Stats()
         self.agents: dict[str, SimAgent] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self._methods: dict[tuple[int, str], Any] = {}
         self.measuring = False
         #: The heartbeat interval the control plane set (the last hello's answer).
         self.interval_s = heartbeat_s
 
     def channel(self, i: int) -> grpc.aio.Channel:
         return self.channels[i % len(self.channels)]
+
+    def method(self, ch: grpc.aio.Channel, method: str) -> Any:
+        """One callable per channel and method, made once."""
+        key = (id(ch), method)
+        call = self._methods.get(key)
+        if call is None:
+            call = self._methods[key] = ch.unary_unary(
+                f"/{SERVICE}/{method}", request_serializer=_dumps, response_deserializer=_loads
+            )
+        return call
 
     def start(self, pod: str, node_rank: int, pid: int) -> None:
         old = self.agents.get(pod)
@@ -124,8 +137,12 @@ class SimAgent:
         self.paused_at: int | None = None
         self.silent = False
         self.registered = asyncio.Event()
+        #: Its ranks' milestones up to the first commit have been told (and answered).
+        self.settled = asyncio.Event()
         self.stream_task: asyncio.Task[None] | None = None
         self.rank_pids = {node_rank * RANKS + i: self.pid * 16 + i for i in range(RANKS)}
+        self._template_key: tuple[Any, ...] | None = None
+        self._template: JsonObj = {}
 
     def silence(self) -> None:
         """The node is lost: nothing more is sent, the order stream is dropped."""
@@ -133,23 +150,25 @@ class SimAgent:
         if self.stream_task is not None:
             self.stream_task.cancel()
 
+    def sender(self, at: float) -> Sender:
+        return Sender(pod=self.pod, agent_pid=self.pid, generation=self.generation, at=at)
+
     async def send(self, report: Report) -> JsonObj:
-        sender = Sender(
-            pod=self.pod, agent_pid=self.pid, generation=self.generation, at=time.time()
+        return await self.send_body(
+            method_of(report), encode_report(self.sender(time.time()), report)
         )
-        call = self.ch.unary_unary(
-            f"/{SERVICE}/{method_of(report)}",
-            request_serializer=_dumps,
-            response_deserializer=_loads,
-        )
+
+    async def send_beat(self) -> JsonObj:
+        return await self.send_body(HEARTBEAT, self.beat_body(time.time()))
+
+    async def send_body(self, method: str, body: JsonObj) -> JsonObj:
+        call = self.f.method(self.ch, method)
         try:
-            reply: JsonObj = await call(
-                encode_report(sender, report), metadata=self.f.meta, timeout=30
-            )
+            reply: JsonObj = await call(body, metadata=self.f.meta, timeout=30)
         except grpc.aio.AioRpcError as exc:
             self.f.stats.errors += 1
             if self.f.stats.errors <= 3:
-                log.warning("%s of %s failed: %s", method_of(report), self.pod, exc.details())
+                log.warning("%s of %s failed: %s", method, self.pod, exc.details())
             return {}
         return reply
 
@@ -161,6 +180,21 @@ class SimAgent:
         self.generation = generation
         self.gen_start = now
         self.paused_at = None
+
+    def milestones(self) -> None:
+        """As the real agent does (:func:`unbroken.agent.managed._milestones`), a heartbeat goes
+        the moment its ranks' milestones change: their records appear (communication ready,
+        state loaded) and, a step later, their first commit."""
+        task = asyncio.get_running_loop().create_task(self._milestone_beats(self.generation))
+        self.f.tasks.add(task)
+        task.add_done_callback(self.f.tasks.discard)
+
+    async def _milestone_beats(self, generation: int) -> None:
+        await self.send_beat()
+        await asyncio.sleep(STEP_S)
+        if not self.silent and self.generation == generation and self.paused_at is None:
+            await self.send_beat()
+        self.settled.set()
 
     def committed(self, now: float) -> int:
         if self.generation < 0:
@@ -196,6 +230,42 @@ class SimAgent:
             rows.append(RankProgress(rank=rank, pid=pid, alive=True, record=rec))
         return AgentHeartbeat(ranks=tuple(rows))
 
+    def beat_body(self, now: float) -> JsonObj:
+        """The wire form of :meth:`beat` (what :func:`encode_report` makes of it), patched into
+        a template that :func:`encode_report` made for the ranks' current state: building and
+        encoding 8 records a beat was half the generator's time, and it lagged the control
+        plane it measures."""
+        committed = self.committed(now)
+        key = (
+            self.generation,
+            self.paused_at,
+            committed > self.base_step,
+            self.base_step,
+            self.gen_start,
+        )
+        if key != self._template_key:
+            self._template_key = key
+            self._template = encode_report(self.sender(now), self.beat(now))
+            return self._template
+        moving = (
+            ("tick", committed, 0),
+            ("tick_at", now, 0.0),
+            ("step", committed + 1, -1),
+            ("step_at", now, 0.0),
+            ("committed", committed, 0),
+            ("committed_at", now, 0.0),
+        )
+        rows = []
+        for row in self._template["ranks"]:
+            out = dict(row)
+            for name, value, default in moving:
+                if value != default:
+                    out[name] = value
+                else:
+                    out.pop(name, None)
+            rows.append(out)
+        return {**self._template, "at": now, "ranks": rows}
+
     async def run(self) -> None:
         reply = await self.send(AgentHello(pid=self.pid, node_rank=self.node_rank, nproc=RANKS))
         if not reply:
@@ -215,6 +285,7 @@ class SimAgent:
             )
         else:
             await self.send(RanksStarted(pids=self.rank_pids, started_at=self.gen_start))
+        self.milestones()
         self.registered.set()
         period = hello.heartbeat_s or self.f.heartbeat_s
         due = time.monotonic() + random.random() * period
@@ -224,7 +295,7 @@ class SimAgent:
                 await asyncio.sleep(delay)
             if self.silent:
                 return
-            await self.send(self.beat(time.time()))
+            await self.send_beat()
             self.f.stats.beats += 1
             due += period
             if due < time.monotonic() - period:  # far behind: skip, as an agent's timer would
@@ -249,11 +320,12 @@ class SimAgent:
                         await self.send(
                             RanksStarted(pids=self.rank_pids, started_at=self.gen_start)
                         )
+                        self.milestones()
                     case PauseRanks():
                         # The ranks stop at the step boundary, and the agent says so at once
                         # (a milestone, not the periodic heartbeat).
                         self.paused_at = self.committed(at)
-                        await self.send(self.beat(time.time()))
+                        await self.send_beat()
                     case RejoinRanks(generation=g, replace=replace, step=step):
                         self._started(g, step)
                         await self.send(
@@ -261,6 +333,7 @@ class SimAgent:
                                 pids=self.rank_pids, joined=replace, started_at=self.gen_start
                             )
                         )
+                        self.milestones()
                     case StopPod():
                         self.silent = True
                         return

@@ -41,7 +41,7 @@ def test_the_load_harness_recovers_every_fault_and_prints_its_table(tmp_path: Pa
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = {line[:22].strip(): line[22:].split() for line in out.stdout.splitlines()}
+    rows = {line[:28].strip(): line[28:].split() for line in out.stdout.splitlines()}
     assert rows["nodes"] == ["20", "growth"]
     # One node's fault, then five nodes at once: one incident, one decision moving five pods.
     assert rows["faults recovered"] == ["2/2"], out.stdout + out.stderr
@@ -53,7 +53,13 @@ def test_the_load_harness_recovers_every_fault_and_prints_its_table(tmp_path: Pa
     ]
     assert [d["strategy"] for d in decisions] == ["recover", "recover"], decisions
     assert [len(d["commands"]) for d in decisions] == [1, 5], decisions
-    for name in ("decision p50 ms", "place ms", "orders to all ms", "manager RSS MiB"):
+    for name in (
+        "decision p50 ms",
+        "place ms",
+        "pause orders to all ms",
+        "orders to all ms",
+        "manager RSS MiB",
+    ):
         assert float(rows[name][0]) >= 0, name
     assert float(rows["heartbeats/s handled"][0]) > 0
     # A job this small keeps the agents' own 0.1 s heartbeat (the hello's answer says so).
