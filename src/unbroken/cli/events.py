@@ -33,11 +33,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
 
 
+#: A list longer than this is shown by its first items and its length (``--json`` has all).
+LIST_SHOWN = 16
+
+
+def _shown(value: object) -> object:
+    """``value`` for a human's line: the pods of a 10k-node job's JobSubmitted are a line of
+    100 KB otherwise."""
+    if isinstance(value, list | tuple) and len(value) > LIST_SHOWN:
+        head = ", ".join(repr(v) for v in value[: LIST_SHOWN // 2])
+        return f"[{head}, ... {len(value)} in all]"
+    return value
+
+
 def _line(rec: Record, as_json: bool) -> str:
     if as_json:
         return json.dumps({**rec.data, "id": rec.id, "at": rec.at, "kind": rec.kind})
     when = datetime.datetime.fromtimestamp(rec.at).strftime("%H:%M:%S.%f")[:-3]
-    fields = " ".join(f"{k}={v}" for k, v in rec.data.items() if v not in (None, "", (), [], {}))
+    fields = " ".join(
+        f"{k}={_shown(v)}" for k, v in rec.data.items() if v not in (None, "", (), [], {})
+    )
     return f"{rec.id:5d} {when} {rec.kind:<20} {fields}"
 
 

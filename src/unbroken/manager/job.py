@@ -916,7 +916,7 @@ class JobManager:
         elif not self.executor.in_process_recovery():
             off = sorted(r for r, v in self.ranks.items() if not v.recoverable)
             process_off = (
-                f"rank(s) {', '.join(map(str, off))} cannot be repaired in process (their "
+                f"rank(s) {_some(off)} cannot be repaired in process (their "
                 "logs say why: no DDP model, one rank, or a DDP configuration it refuses)"
                 if off
                 else ""
@@ -1161,3 +1161,10 @@ class JobManager:
                 killed += p.kill_all()
         self.executor.end_spare(node)
         return len(killed)
+
+
+def _some(items: Sequence[int], shown: int = 16) -> str:
+    """``items`` for a reason: the first ``shown`` and how many in all (a decision's reason at
+    10k nodes listed 300 ranks)."""
+    head = ", ".join(map(str, items[:shown]))
+    return head if len(items) <= shown else f"{head}, ... ({len(items)} in all)"

@@ -39,3 +39,19 @@ def test_known_kinds_filter(run: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert '"kind": "SomethingNewer"' in out and "OpRetry" not in out
     assert main(["events", str(run), "--kind", "JobFailed"]) == 0
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_long_list_is_shown_by_its_head_and_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = [f"pod-{i}" for i in range(10_000)]
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        ledger.record_raw("Wide", {"pods": pods, "ranks": [1, 2, 3]})
+    assert main(["events", str(tmp_path)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "pods=['pod-0', 'pod-1'," in line and "... 10000 in all]" in line
+    assert "pod-9999" not in line and len(line) < 300
+    assert "ranks=[1, 2, 3]" in line
+    # The JSON lines keep every item.
+    assert main(["events", str(tmp_path), "--json"]) == 0
+    assert "pod-9999" in capsys.readouterr().out
