@@ -140,6 +140,7 @@ class SimAgent:
         #: Its ranks' milestones up to the first commit have been told (and answered).
         self.settled = asyncio.Event()
         self.stream_task: asyncio.Task[None] | None = None
+        self.stream: Any = None  # the order stream's call
         self.rank_pids = {node_rank * RANKS + i: self.pid * 16 + i for i in range(RANKS)}
         self._template_key: tuple[Any, ...] | None = None
         self._template: JsonObj = {}
@@ -147,6 +148,9 @@ class SimAgent:
     def silence(self) -> None:
         """The node is lost: nothing more is sent, the order stream is dropped."""
         self.silent = True
+        if self.stream is not None:
+            # Cancelled at once, as a connection gone would be (not left to the collector).
+            self.stream.cancel()
         if self.stream_task is not None:
             self.stream_task.cancel()
 
@@ -307,7 +311,8 @@ class SimAgent:
         )
         log = self.f.stats.orders.setdefault(self.pod, [])
         try:
-            async for body in call({"pod": self.pod, "pid": self.pid}, metadata=self.f.meta):
+            self.stream = call({"pod": self.pod, "pid": self.pid}, metadata=self.f.meta)
+            async for body in self.stream:
                 order = decode_order(body)
                 at = time.time()
                 gen = getattr(order, "generation", -1)

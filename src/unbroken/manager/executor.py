@@ -1349,8 +1349,10 @@ class Executor:
                     generation=self.m.generation,
                 )
             )
+        # A pod placed but not yet started (a replacement waiting for the others' pause)
+        # holds its node too.
+        self.cluster = self.cluster.release_all(pods)
         for p in procs:
-            self.cluster = self.cluster.release(p.pod)
             del self.m.pods[p.pod]
 
     def free_nodes(self) -> list[str]:

@@ -200,9 +200,12 @@ class Cluster:
         return replace(self, deprioritised_nodes={**self.deprioritised_nodes, node: reason})
 
     def bind(self, bindings: Iterable[Binding]) -> Cluster:
-        """Record placed pods (replacing their previous bindings)."""
-        updated = dict(self.bindings)
-        for b in bindings:
+        """Record placed pods (replacing their previous bindings). The pods move together: a
+        pod may take a node another pod of the same call leaves."""
+        batch = list(bindings)
+        moving = {b.pod for b in batch}
+        updated = {k: v for k, v in self.bindings.items() if k not in moving}
+        for b in batch:
             self._check_bindable(b, updated)
             updated[b.pod] = b
         return replace(self, bindings=updated)

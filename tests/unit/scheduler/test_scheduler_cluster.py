@@ -41,6 +41,19 @@ def test_bind_and_release() -> None:
         cluster.bind([Binding("w-1", "node-0", (0,))])
 
 
+def test_pods_bound_together_may_take_each_others_nodes() -> None:
+    cluster = Cluster.of({"node-0": 2, "node-1": 2, "node-2": 2}).bind(
+        [Binding("w-0", "node-0", (0, 1)), Binding("w-1", "node-1", (0, 1))]
+    )
+    # w-1 takes the node w-0 leaves in the same call, whichever comes first.
+    swapped = cluster.bind([Binding("w-1", "node-0", (0, 1)), Binding("w-0", "node-2", (0, 1))])
+    assert swapped.node_of("w-1") == "node-0" and swapped.node_of("w-0") == "node-2"
+    with pytest.raises(ValueError, match="node node-0 already runs pod w-0; cannot bind w-1"):
+        cluster.bind([Binding("w-1", "node-0", (0, 1))])  # w-0 stays where it is
+    with pytest.raises(ValueError, match="node node-2 already runs pod w-0; cannot bind w-1"):
+        cluster.bind([Binding("w-0", "node-2", (0,)), Binding("w-1", "node-2", (1,))])
+
+
 def test_the_value_cannot_be_mutated_in_place() -> None:
     cluster = Cluster.of({"node-0": 1})
     with pytest.raises(TypeError):
