@@ -141,6 +141,7 @@ class SimAgent:
         self.settled = asyncio.Event()
         self.stream_task: asyncio.Task[None] | None = None
         self.stream: Any = None  # the order stream's call
+        self.in_flight: set[Any] = set()  # unary calls not yet answered
         self.rank_pids = {node_rank * RANKS + i: self.pid * 16 + i for i in range(RANKS)}
         self._template_key: tuple[Any, ...] | None = None
         self._template: JsonObj = {}
@@ -148,6 +149,11 @@ class SimAgent:
     def silence(self) -> None:
         """The node is lost: nothing more is sent, the order stream is dropped."""
         self.silent = True
+        # Nothing it sent reaches the control plane after its node is lost: a call still
+        # queued in a busy generator arrived up to 3 s later, and the rack's nodes whose last
+        # heartbeat came late were lost later, apart from the rest.
+        for call in list(self.in_flight):
+            call.cancel()
         if self.stream is not None:
             # Cancelled at once, as a connection gone would be (not left to the collector).
             self.stream.cancel()
@@ -166,14 +172,23 @@ class SimAgent:
         return await self.send_body(HEARTBEAT, self.beat_body(time.time()))
 
     async def send_body(self, method: str, body: JsonObj) -> JsonObj:
-        call = self.f.method(self.ch, method)
+        if self.silent:
+            return {}
+        call = self.f.method(self.ch, method)(body, metadata=self.f.meta, timeout=30)
+        self.in_flight.add(call)
         try:
-            reply: JsonObj = await call(body, metadata=self.f.meta, timeout=30)
+            reply: JsonObj = await call
         except grpc.aio.AioRpcError as exc:
             self.f.stats.errors += 1
             if self.f.stats.errors <= 3:
                 log.warning("%s of %s failed: %s", method, self.pod, exc.details())
             return {}
+        except asyncio.CancelledError:
+            if self.silent:  # the node was lost with this call still in the generator
+                return {}
+            raise
+        finally:
+            self.in_flight.discard(call)
         return reply
 
     def _started(self, generation: int, step: int | None = None) -> None:
