@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -150,3 +152,53 @@ def test_calls_that_wait_for_an_answer_hold_no_thread() -> None:
     finally:
         client.close()
         server.stop()
+
+
+def test_a_connection_gone_dark_ends_its_streams_on_the_server() -> None:
+    """A node that loses power or its link closes nothing: the server's keepalive ping goes
+    unanswered, and the server ends the node's order stream (the manager then finds the node
+    lost) instead of holding it open until the heartbeats' silence says so."""
+    ended = threading.Event()
+
+    async def orders(body: dict[str, Any]) -> Any:
+        try:
+            await asyncio.Event().wait()
+            yield {}
+        finally:
+            ended.set()
+
+    server = ControlServer("s3cret", unary={}, async_streams={"Orders": orders}, keepalive_s=0.5)
+    server.start()
+    host, port = server.address.rsplit(":", 1)
+    dark = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while data := await r.read(65536):
+            if not dark.is_set():  # a link gone dark: bytes vanish, the sockets stay open
+                w.write(data)
+                await w.drain()
+
+    async def link(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        sr, sw = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(cr, sw), pipe(sr, cw))
+
+    proxy = loop.run_until_complete(asyncio.start_server(link, "127.0.0.1", 0))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    client = ControlClient(f"127.0.0.1:{proxy.sockets[0].getsockname()[1]}", "s3cret")
+
+    def read() -> None:
+        with contextlib.suppress(RpcError):  # the client closed at the test's end
+            next(iter(client.stream("Orders", {})), None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        reader.start()
+        time.sleep(1.5)  # the stream is open, and pings are answered across the link
+        assert not ended.is_set()
+        dark.set()
+        assert ended.wait(30), "the server kept the stream of a dark connection open"
+    finally:
+        client.close()
+        server.stop()
+        loop.call_soon_threadsafe(loop.stop)
