@@ -49,6 +49,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from unbroken.agent.children import OwnChild, become_subreaper, pid_exists
+from unbroken.agent.ranks import prestarted
+
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 20
@@ -57,46 +60,7 @@ _KEEPER_ANSWER_S = 30.0  # a keeper answers from memory; this long only on a sta
 _held: set[int] = set()
 
 
-# ---- processes known by pid -------------------------------------------------------------
-
-
-class OwnChild:
-    """A child of this process started by ``fork`` (not :mod:`subprocess`), with the part of
-    ``Popen``'s interface the agents and the manager use."""
-
-    poll_s = 0.005  # how often wait() polls for the exit
-
-    def __init__(self, pid: int, stdin: IO[bytes] | None = None) -> None:
-        self.pid = pid
-        self.stdin = stdin
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = -1  # reaped elsewhere: its status is unknown
-                return self.returncode
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(self.poll_s)
-        return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+# ---- agents forked by the image ----------------------------------------------------------
 
 
 class ImageChild(OwnChild):
@@ -156,17 +120,6 @@ def _connect(path: Path) -> socket.socket | None:
         sock.close()
         return None
     return sock
-
-
-def pid_exists(pid: int) -> bool:
-    """Whether a process (a zombie too) has the pid ``pid``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---- the manager's side -----------------------------------------------------------------
@@ -492,10 +445,10 @@ def _be_agent(
 def _prestart_zygote(log_path: Path, signals: dict[int, Any]) -> None:
     """In a newly forked agent (one thread): fork its zygote, and leave it for the agent to
     take (:func:`unbroken.agent.ranks.start_zygote`)."""
-    from unbroken.agent import ranks, standby
+    from unbroken.agent import standby
     from unbroken.agent.env import CONTROL_VARS
 
-    if not ranks.become_subreaper():
+    if not become_subreaper():
         return
     orders, orders_end = os.pipe()
     replies, reply_end = os.pipe()
@@ -519,7 +472,7 @@ def _prestart_zygote(log_path: Path, signals: dict[int, Any]) -> None:
         _exit_after(lambda: standby.serve_forked(reply_end, signals))
     os.close(orders)
     os.close(reply_end)
-    ranks.prestarted(OwnChild(pid, os.fdopen(orders_end, "wb", buffering=0)), replies, log_path)
+    prestarted(OwnChild(pid, os.fdopen(orders_end, "wb", buffering=0)), replies, log_path)
 
 
 def _be_store(request: dict[str, Any], fd: int, sock: socket.socket) -> None:

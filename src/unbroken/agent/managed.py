@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, assert_never
 
+from unbroken.agent.children import reap_orphans
 from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
@@ -48,13 +49,12 @@ from unbroken.agent.ranks import (
     RankProcess,
     Zygote,
     rank_argv,
-    reap_orphans,
     start_zygote,
 )
 from unbroken.protocol.exitreport import read_exit_report
 from unbroken.protocol.heartbeat import HeartbeatReader, HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
-from unbroken.protocol.mailbox import MailboxWriter
+from unbroken.protocol.mailbox import Dump, MailboxWriter, Pause, Rejoin, Stress
 from unbroken.protocol.messages import (
     COMMANDS,
     AgentHeartbeat,
@@ -265,18 +265,19 @@ class ManagedAgent:
         if rank not in world or order.source not in world:
             log.error("rejoin: rank %d or source %d is not in world %s", rank, order.source, world)
             return
-        self._mailboxes[rank].post(
-            {
-                "op": "rejoin",
-                "generation": order.generation,
-                "master_addr": self.args.master_addr,
-                "master_port": self.args.master_port,
-                "rank": world.index(rank),
-                "world_size": len(world),
-                "source": world.index(order.source),
-                "step": order.step,
-                "ifname": self._ifnames.get(order.plane, ""),
-            }
+        mailbox = self._mailboxes[rank]
+        mailbox.send(
+            Rejoin(
+                seq=mailbox.next_seq,
+                generation=order.generation,
+                master_addr=self.args.master_addr,
+                master_port=self.args.master_port,
+                rank=world.index(rank),
+                world_size=len(world),
+                source=world.index(order.source),
+                step=order.step,
+                ifname=self._ifnames.get(order.plane, ""),
+            )
         )
 
     def _rejoin(self, order: RejoinRanks) -> None:
@@ -577,7 +578,8 @@ class ManagedAgent:
             case PauseRanks():
                 for rank, proc in self.ranks.items():
                     if proc.alive and rank in self._mailboxes:
-                        self._mailboxes[rank].post({"op": "pause"})
+                        mailbox = self._mailboxes[rank]
+                        mailbox.send(Pause(seq=mailbox.next_seq))
             case RejoinRanks():
                 self._rejoin(order)
             case CutPlane(plane=plane):
@@ -585,20 +587,22 @@ class ManagedAgent:
             case StressRanks(round=round_, master_port=port):  # ranks stopped at a boundary
                 for rank, proc in self.ranks.items():
                     if proc.alive and rank in self._mailboxes:
-                        self._mailboxes[rank].post(
-                            {
-                                "op": "stress",
-                                "round": round_,
-                                "master_addr": self.args.master_addr,
-                                "master_port": port,
-                                "rank": rank,
-                                "world_size": self.args.world_size,
-                            }
+                        mailbox = self._mailboxes[rank]
+                        mailbox.send(
+                            Stress(
+                                seq=mailbox.next_seq,
+                                round=round_,
+                                master_addr=self.args.master_addr,
+                                master_port=port,
+                                rank=rank,
+                                world_size=self.args.world_size,
+                            )
                         )
             case WriteLastWords(rank=rank):  # last words from one stopped rank of this pod
                 proc = self.ranks.get(rank)
                 if proc is not None and proc.alive and rank in self._mailboxes:
-                    self._mailboxes[rank].post({"op": "dump"})
+                    mailbox = self._mailboxes[rank]
+                    mailbox.send(Dump(seq=mailbox.next_seq))
                 else:
                     log.error("dump: rank %d of this pod is not running", rank)
             case StopPod(grace_s=grace_s, success=success):

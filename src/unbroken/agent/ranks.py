@@ -13,14 +13,13 @@ A rank starts either as a new Python process or forked from the agent's zygote
 too: the agent is a child subreaper and the zygote forks through an intermediate process that
 exits at once, so the exit status (negative for a signal, as :class:`subprocess.Popen` says it)
 comes from the agent's own ``waitpid`` of that pid, in the rank's watcher thread and nowhere
-else; :func:`reap_orphans` reaps only children no watcher claims.
+else; :func:`unbroken.agent.children.reap_orphans` reaps only children no watcher claims.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from unbroken.agent.image import OwnChild, pid_exists
+from unbroken.agent.children import OwnChild, become_subreaper, claim, pid_exists, release
 from unbroken.protocol.exitreport import is_collective_error_text
 from unbroken.protocol.kinds import StepFailure
 
@@ -110,64 +109,6 @@ def extract_traceback(log_path: Path, max_bytes: int = 64 * 1024, start: int = 0
     if start >= 0:
         return text[start:].strip()
     return "\n".join(text.strip().splitlines()[-20:])
-
-
-_PR_SET_CHILD_SUBREAPER = 36
-_subreaper: bool | None = None
-
-
-def become_subreaper() -> bool:
-    """Make this process a child subreaper (Linux): orphaned descendants become its children,
-    so a rank the zygote forks (and whose parent exits at once) is this process's child. False
-    where that is not possible."""
-    global _subreaper
-    if _subreaper is None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            _subreaper = False
-    return _subreaper
-
-
-#: Children of this process that a watcher waits for (ranks, zygotes); any other child that
-#: exits is an orphaned descendant come to this subreaper, and :func:`reap_orphans` reaps it.
-_waited: set[int] = set()
-_orphans_seen: set[int] = set()
-
-
-def _children() -> set[int]:
-    out: set[int] = set()
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children") as f:
-            out.update(int(p) for p in f.read().split())
-    return out
-
-
-def reap_orphans() -> int:
-    """Reap exited children nobody waits for: descendants of ranks whose parent died, which
-    come to this process as their subreaper. A child must be seen exited and unclaimed on two
-    calls first, since a rank the zygote forks is this process's child a moment before it
-    hears the rank's pid. The number reaped."""
-    global _orphans_seen
-    if not _subreaper:
-        return 0
-    try:
-        unclaimed = _children() - _waited
-    except OSError:
-        return 0
-    exited = set()
-    for pid in unclaimed:
-        with contextlib.suppress(OSError, IndexError):
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                exited.add(pid)
-    reaped = 0
-    for pid in exited & _orphans_seen:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                reaped += 1
-    _orphans_seen = exited - _orphans_seen
-    return reaped
 
 
 class _Spawn:
@@ -246,7 +187,7 @@ class Zygote:
                     continue
                 pid = int(line[4:]) if line.startswith("pid ") and line[4:].isdigit() else None
                 if pid is not None:
-                    _waited.add(pid)
+                    claim(pid)
                 with self._lock:
                     spawn = self._pending.popleft() if self._pending else None
                 if spawn is not None:
@@ -272,7 +213,7 @@ class Zygote:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
             self.proc.wait()
-        _waited.discard(self.pid)
+        release(self.pid)
 
 
 def _end_group(pid: int) -> None:
@@ -358,7 +299,7 @@ class RankProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _waited.add(self._proc.pid)
+        claim(self._proc.pid)
         self.pid = self._proc.pid
 
     @property
@@ -387,11 +328,11 @@ class RankProcess:
                         os.kill(pid, signal.SIGKILL)
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, 0)
-                    _waited.discard(pid)
+                    release(pid)
                 return
         _end_group(self._proc.pid if self._proc is not None else self.pid)
         returncode = self._proc.wait() if self._proc is not None else self._reap(self.pid)
-        _waited.discard(self.pid)
+        release(self.pid)
         self._report(returncode)
 
     def _reap(self, pid: int) -> int:
@@ -475,7 +416,7 @@ def prestarted(proc: OwnChild, replies: int, log_path: Path) -> None:
     """Keep the zygote ``proc`` (orders on its stdin, replies on ``replies``) that this
     process forked from itself with torch already imported, for :func:`start_zygote`."""
     global _prestarted
-    _waited.add(proc.pid)
+    claim(proc.pid)
     _prestarted = (Zygote(proc, replies), log_path)
 
 
@@ -522,7 +463,7 @@ def start_zygote(
         raise
     finally:
         os.close(reply_end)
-    _waited.add(proc.pid)
+    claim(proc.pid)
     return Zygote(proc, replies)
 
 

@@ -2,8 +2,10 @@
 
 It registers its node (name, device count, the address other hosts reach it on) with a control
 plane on another host over the authenticated control channel, then follows the node's order
-stream until the control plane closes it. A control plane that cannot be reached, or that refuses
-the token, ends it with one line and exit 1.
+stream until the control plane closes it (the calls and orders of
+:mod:`unbroken.protocol.hosts`). A control plane that cannot be reached, or that refuses the
+token, ends it with one line and exit 1. The control plane's handle on a pod started here is
+:class:`unbroken.manager.remotepods.RemoteChild`.
 
 The token is the run's shared secret, read from a file that only its owner may read (the
 control plane writes it with mode 0600); it never appears on a command line, where ``ps`` shows
@@ -17,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -28,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from unbroken.agent.image import OwnChild
 from unbroken.agent.launcher import LaunchUsageError, parse_launch_args
 from unbroken.agent.planes import (
     PLANES_VAR,
@@ -38,7 +38,7 @@ from unbroken.agent.planes import (
     encode_planes,
     parse_plane,
 )
-from unbroken.manager.service import JOIN, NODE_ORDERS, NODE_POD, NodeRegistry
+from unbroken.protocol.hosts import JOIN, NODE_ORDERS, NODE_POD, PYTHON, SIGNAL, START
 from unbroken.rpc import ControlClient, RpcError
 
 
@@ -283,11 +283,11 @@ def _run_order(
 ) -> None:
     """Start a pod's agent process on this host (``start``) or signal one (``signal``)."""
     kind = order.get("kind")
-    if kind == "signal":
+    if kind == SIGNAL:
         with contextlib.suppress(ProcessLookupError, TypeError, ValueError):
             os.kill(int(str(order["pid"])), int(str(order["sig"])))
         return
-    if kind != "start":
+    if kind != START:
         return
     pod = str(order["pod"])
     log_path = Path(str(order["log"]))
@@ -300,7 +300,7 @@ def _run_order(
     if planes:  # the ranks start on the first plane; their agent watches and switches them
         env[PLANES_VAR] = encode_planes(planes)
         env["GLOO_SOCKET_IFNAME"] = planes[0].ifname
-    argv = [sys.executable if a == "{python}" else str(a) for a in order["argv"]]  # type: ignore[attr-defined]
+    argv = [sys.executable if a == PYTHON else str(a) for a in order["argv"]]  # type: ignore[attr-defined]
     cwd = Path(str(order["cwd"]))
     proc = host.spare.take(argv, env, cwd, log_path) if host is not None else None
     if proc is not None:
@@ -329,53 +329,3 @@ def _run_order(
             host.ended(proc.pid)
 
     threading.Thread(target=watch, name=f"pod-{pod}", daemon=True).start()
-
-
-class RemoteChild(OwnChild):
-    """A pod's agent process on a joined host, with the part of ``Popen``'s interface the
-    control plane uses: started, signalled and reaped through the host's agent."""
-
-    poll_s = 0.02  # an exit is known when the host's agent reports it
-
-    def __init__(
-        self,
-        registry: NodeRegistry,
-        node: str,
-        pod: str,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        cwd: Path,
-        log_path: Path,
-        timeout_s: float = 60.0,
-    ) -> None:
-        self._registry = registry
-        self.node = node
-        python = sys.executable
-        registry.order(
-            node,
-            {
-                "kind": "start",
-                "pod": pod,
-                "argv": ["{python}" if a == python else a for a in argv],
-                "env": dict(env),
-                "cwd": str(cwd),
-                "log": str(log_path),
-            },
-            wait_s=timeout_s,
-        )
-        pid = registry.started_pid(node, pod, timeout_s)
-        if pid is None:
-            raise OSError(f"node {node} did not start pod {pod} in {timeout_s:g} s")
-        super().__init__(pid)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._registry.exit_code(self.node, self.pid)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            self._registry.order(self.node, {"kind": "signal", "pid": self.pid, "sig": int(sig)})
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)

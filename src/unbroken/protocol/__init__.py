@@ -5,7 +5,9 @@
 - :mod:`~unbroken.protocol.heartbeat`: the heartbeat record a rank writes and its agent reads;
 - :mod:`~unbroken.protocol.mailbox`: the commands an agent posts to one rank;
 - :mod:`~unbroken.protocol.messages`: the typed reports and orders between agents and the job
-  manager, with their codec.
+  manager, with their codec;
+- :mod:`~unbroken.protocol.hosts`: the calls and orders between a host's agent that joins a
+  control plane on another host and that control plane.
 
 Standard library only: training processes and agents import it without torch or gRPC.
 """

@@ -10,7 +10,8 @@ one the reader has not seen yet.
 A poll costs one ``os.stat`` while nothing changed, so the worker can poll once per training
 step; the file is read only when its identity (inode, size, modification time) changed.
 
-Commands (:func:`parse_command` checks them; extra fields are ignored):
+Commands (:func:`parse_command` checks them and makes them typed, extra fields ignored;
+:func:`encode_command` writes a typed one back):
 
 ``{"op": "pause", "seq": n}``
     Stop at the next step boundary, leave the process group and wait for the next command.
@@ -35,11 +36,13 @@ Commands (:func:`parse_command` checks them; extra fields are ignored):
     group and goes on waiting (a rejoin follows).
 
 Both ends live here (the agent's :class:`MailboxWriter`, the rank's :class:`MailboxReader`), so
-the format is written once. Standard library only: the agent uses it without torch.
+the format is written once; the agent posts typed commands (:meth:`MailboxWriter.send`).
+Standard library only: the agent uses it without torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -177,6 +180,12 @@ def parse_command(data: Mapping[str, Any]) -> Command:
     )
 
 
+def encode_command(command: Command) -> dict[str, Any]:
+    """The wire object of a typed command: ``op`` and every field (``seq`` too), so that
+    ``parse_command(encode_command(c)) == c``."""
+    return {"op": command.op.value, **dataclasses.asdict(command)}
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         text = path.read_text(encoding="utf-8")
@@ -215,6 +224,11 @@ class MailboxWriter:
         """The sequence number of the last command posted (0: none)."""
         return self._seq
 
+    @property
+    def next_seq(self) -> int:
+        """The sequence number of the next command posted."""
+        return self._seq + 1
+
     def post(self, command: Mapping[str, Any]) -> int:
         """Write ``command`` (without ``seq``: the writer assigns it); returns its ``seq``.
 
@@ -223,9 +237,25 @@ class MailboxWriter:
         """
         if "seq" in command:
             raise MailboxError("a posted mailbox command must not carry 'seq': the writer sets it")
-        seq = self._seq + 1
-        data = {**command, "seq": seq}
-        parse_command(data)
+        return self._write({**command, "seq": self.next_seq})
+
+    def send(self, command: Command) -> int:
+        """Write the typed ``command`` in its wire form (:func:`encode_command`); its ``seq``
+        must be :attr:`next_seq`. Returns its ``seq``.
+
+        Checked as :meth:`post` checks a command: a bad one raises :class:`MailboxError` and
+        leaves the mailbox as it was.
+        """
+        if command.seq != self.next_seq:
+            raise MailboxError(
+                f"mailbox command seq={command.seq} is not the next one, {self.next_seq}"
+            )
+        return self._write(encode_command(command))
+
+    def _write(self, data: dict[str, Any]) -> int:
+        """Check the wire object ``data`` (numbered :attr:`next_seq`) and replace the file's
+        command with it; returns its ``seq``."""
+        seq = parse_command(data).seq
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, sort_keys=True) + "\n", encoding="utf-8")

@@ -17,6 +17,7 @@ from unbroken.protocol.mailbox import (
     Pause,
     Rejoin,
     Stress,
+    encode_command,
     parse_command,
 )
 
@@ -31,5 +32,6 @@ __all__ = [
     "Pause",
     "Rejoin",
     "Stress",
+    "encode_command",
     "parse_command",
 ]

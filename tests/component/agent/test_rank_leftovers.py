@@ -9,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from unbroken.agent.ranks import RankExit, RankProcess
+
+pytestmark = pytest.mark.component
 
 RANK = """
 import os, sys, time

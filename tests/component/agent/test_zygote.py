@@ -21,14 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from unbroken.agent.ranks import (
-    RankExit,
-    RankProcess,
-    Zygote,
-    become_subreaper,
-    rank_argv,
-    start_zygote,
-)
+from unbroken.agent.children import become_subreaper
+from unbroken.agent.ranks import RankExit, RankProcess, Zygote, rank_argv, start_zygote
 
 pytestmark = pytest.mark.component
 

@@ -17,6 +17,8 @@ from unbroken.agent.planes import (
     parse_plane,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def _sys_net(tmp_path: Path, **carriers: str) -> Path:
     for ifname, value in carriers.items():

@@ -7,6 +7,8 @@ import pytest
 from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.launcher import parse_launch_args
 
+pytestmark = pytest.mark.unit
+
 
 def _env(master_addr: str, base: dict[str, str] | None = None) -> dict[str, str]:
     args = parse_launch_args(
