@@ -37,6 +37,7 @@ kopf = pytest.importorskip("kopf")
 kubernetes = pytest.importorskip("kubernetes")
 
 from unbroken.operator import kube  # noqa: E402
+from unbroken.operator.__main__ import registry_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "busybox:1.36"
@@ -67,7 +68,7 @@ def cluster() -> Iterator[tuple[Any, str]]:
     ns = f"unbroken-kind-{uuid.uuid4().hex[:6]}"
     kubectl("create", "namespace", ns)
     api = kubernetes.config.new_client_from_config(context=CONTEXT)
-    registry = kube.registry_for(api)
+    registry = registry_for(api)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:

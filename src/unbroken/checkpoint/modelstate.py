@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from unbroken.worker.sharding import is_zero
+from unbroken.checkpoint.optimizer import is_zero
 
 _ZERO_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 

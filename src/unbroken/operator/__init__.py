@@ -7,6 +7,11 @@ Public API::
 
 See :mod:`.plan` (ladder, labels, ports), :mod:`.podenv` (injected env, and why the collective
 watchdog is turned off) and :mod:`.requirements` (Table 1).
+
+``python -m unbroken.operator`` runs the operator on Kubernetes (:mod:`.__main__`, with the
+``kube`` extra): :mod:`.kube` for AscendJobs, :mod:`.volcano` for Volcano jobs, both over
+:mod:`.resource` (a job read from its resource) and :mod:`.reschedule` (the policy's answers
+as Kubernetes actions).
 """
 
 from unbroken.operator.plan import Plan, PodPlan, ladder, plan

@@ -1,11 +1,14 @@
 """The operator on Kubernetes: AscendJob resources in, pods and a Service out (kopf + the official
-client; the only module that imports them, installed with ``pip install 'unbroken[kube]'``).
+client, installed with ``pip install 'unbroken[kube]'``; imported by this module, by
+:mod:`unbroken.operator.volcano` and by the entry point :mod:`unbroken.operator.__main__`
+alone).
 
-``python -m unbroken.operator.kube`` runs it cluster-wide with the pod's service account (or the
-local kubeconfig); ``deploy/kubernetes/`` holds the CRD, RBAC and Deployment.
+:class:`Operator` holds the handlers (:mod:`unbroken.operator.volcano` reuses them for Volcano
+jobs); ``python -m unbroken.operator`` registers both kinds' and runs them.
 
-On an AscendJob's creation the job is read with the same parser as ``unbroken plan`` and planned
-with :func:`unbroken.operator.plan.plan`. A job the parser refuses gets a ``Failed`` condition
+On an AscendJob's creation the job is read with the same parser as ``unbroken plan``
+(:func:`unbroken.operator.resource.job_spec`) and planned with
+:func:`unbroken.operator.plan.plan`. A job the parser refuses gets a ``Failed`` condition
 with reason ``InvalidSpec`` and the parser's message (field, value, what is allowed), and no pods.
 A valid job gets:
 
@@ -35,11 +38,9 @@ operator restart keeps what was spent.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -49,7 +50,7 @@ from kubernetes.client.exceptions import ApiException
 
 from unbroken.faults import CodeTable, Fault
 from unbroken.operator import controlplane
-from unbroken.operator.plan import Plan, PodPlan, plan
+from unbroken.operator.plan import Plan, PodPlan
 from unbroken.operator.reschedule import (
     DEVICE_HEALTH,
     GiveUp,
@@ -65,52 +66,16 @@ from unbroken.operator.reschedule import (
     state_from_status,
     status_of,
 )
+from unbroken.operator.resource import REPLACING, condition, job_document, job_plan, job_spec
 from unbroken.policy.states import JobState
 from unbroken.scheduler.backend import Replacement, carry_out
-from unbroken.spec import JobSpec, SpecError, load_cluster, parse_job
+from unbroken.spec import SpecError
 
 log = logging.getLogger(__name__)
 
 GROUP = "mindxdl.gitee.com"
 VERSION = "v1"
 PLURAL = "ascendjobs"
-REPLACING = "unbroken.dev/replacing"
-#: kopf's liveness endpoint, on 127.0.0.1 (deploy/kubernetes/30-operator.yaml probes it).
-HEALTH_PORT = 8080
-_FOREIGN_ANNOTATIONS = ("kopf.zalando.org/", "kubectl.kubernetes.io/", "unbroken.dev/")
-
-
-def job_spec(body: dict[str, Any]) -> JobSpec:
-    """The job as ``unbroken plan`` reads it; raises :class:`SpecError`."""
-    meta = body.get("metadata", {})
-    source = Path(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
-    return parse_job(yaml.safe_dump(job_document(body), sort_keys=False), source)
-
-
-def job_document(body: dict[str, Any]) -> dict[str, Any]:
-    """The job's YAML document as the user wrote it: without what the API server and the
-    operators added (status, uid, kopf's and kubectl's annotations)."""
-    meta = body.get("metadata", {})
-    annotations = {
-        k: v
-        for k, v in (meta.get("annotations") or {}).items()
-        if not k.startswith(_FOREIGN_ANNOTATIONS)
-    }
-    doc: dict[str, Any] = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace", "default")},
-        "spec": body.get("spec"),
-    }
-    if meta.get("labels"):
-        doc["metadata"]["labels"] = meta["labels"]
-    if annotations:
-        doc["metadata"]["annotations"] = annotations
-    return doc
-
-
-def job_plan(job: JobSpec) -> Plan:
-    return plan(job, load_cluster(None, job=job))
 
 
 def pod_manifest(
@@ -217,17 +182,6 @@ def _owner(body: dict[str, Any]) -> dict[str, Any]:
         "uid": body["metadata"]["uid"],
         "controller": True,
         "blockOwnerDeletion": True,
-    }
-
-
-def condition(kind: str, reason: str, message: str) -> dict[str, str]:
-    now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now,
     }
 
 
@@ -667,35 +621,3 @@ def _job_owner(meta: dict[str, Any]) -> str | None:
     owners = meta.get("ownerReferences") or meta.get("owner_references") or []
     owner = next((o for o in owners if o.get("kind") == "AscendJob"), None)
     return None if owner is None else str(owner["name"])
-
-
-def registry_for(api: kubernetes.client.ApiClient) -> kopf.OperatorRegistry:
-    """The handlers of both forms of the seed's jobs: AscendJobs and Volcano jobs."""
-    from unbroken.operator import volcano
-
-    registry = kopf.OperatorRegistry()
-    Operator(api).register(registry)
-    volcano.register(api, registry)
-    return registry
-
-
-def main() -> None:  # pragma: no cover - runs against a real cluster
-    logging.basicConfig(level=logging.INFO)
-    try:
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
-    registry = registry_for(kubernetes.client.ApiClient())
-    kopf.on.login(registry=registry)(kopf.login_via_client)
-    kopf.run(
-        registry=registry,
-        clusterwide=True,
-        standalone=True,
-        # Loopback only: the pod's liveness probe runs inside the pod (an exec probe), so
-        # nothing of the operator listens on the pod network.
-        liveness_endpoint=f"http://127.0.0.1:{HEALTH_PORT}/healthz",
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -38,7 +38,7 @@ from typing import Any
 from unbroken.faults import CodeTable, Fault, FaultLevel
 from unbroken.policy.commands import Command, FailJob
 from unbroken.policy.decision import decide as policy_decide
-from unbroken.policy.events import FaultDetected, Feasibility, RecoveryCompleted, RecoveryFailed
+from unbroken.policy.events import FaultReported, Feasibility, RungFailed, RungSucceeded
 from unbroken.policy.states import Budgets, JobState, Recovering, Running
 from unbroken.protocol.kinds import FaultKind
 from unbroken.scheduler.backend import Replacement, replacement
@@ -188,14 +188,14 @@ def decide(
 ) -> Outcome:
     """What to do about ``fault`` in ``state``: the policy's decision, as Kubernetes actions."""
     config = on_kubernetes(fault_handling)
-    decision = policy_decide(state, FaultDetected(fault, Feasibility()), config, now)
+    decision = policy_decide(state, FaultReported(fault, Feasibility()), config, now)
     reasons = [decision.reason]
     for _ in range(_MAX_REPLANS):
         action = _action(decision.commands, pods, avoided)
         if action is not None or not isinstance(decision.state, Recovering):
             return Outcome(decision.state, action, "; ".join(reasons))
         # A rung the operator cannot carry out (process level): tell the policy it failed.
-        failed = RecoveryFailed(
+        failed = RungFailed(
             f"{decision.state.rung} is not available on Kubernetes (no agent in the pods)",
             now,
             decision.state.generation,
@@ -209,7 +209,7 @@ def recovered(state: JobState, fault_handling: FaultHandling, now: float) -> Job
     """The state once every planned pod runs again."""
     if not isinstance(state, Recovering):
         return state
-    event = RecoveryCompleted(now, state.generation)
+    event = RungSucceeded(now, state.generation)
     return policy_decide(state, event, on_kubernetes(fault_handling), now).state
 
 

@@ -38,14 +38,9 @@ import kopf
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from unbroken.operator.kube import (
-    REPLACING,
-    Operator,
-    condition,
-    job_plan,
-    job_spec,
-)
+from unbroken.operator.kube import Operator
 from unbroken.operator.reschedule import Level, Loss, PodLost, ReplacePods
+from unbroken.operator.resource import REPLACING, condition, job_plan, job_spec
 from unbroken.spec import SpecError
 
 log = logging.getLogger(__name__)

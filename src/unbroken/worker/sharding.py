@@ -24,15 +24,16 @@ once has none (:attr:`Sharding.unreplicated`): its state comes from the newest c
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+
+from unbroken.checkpoint.optimizer import is_zero
 
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -122,16 +123,6 @@ class Sharding:
                 f"{self.replica_bytes_per_param:g} more than one copy)"
             )
         return text
-
-
-def is_zero(optimizer: object) -> TypeGuard[ZeroRedundancyOptimizer]:
-    """Whether ``optimizer`` is a ``ZeroRedundancyOptimizer``, without importing
-    ``torch.distributed.optim`` (a script that uses one has imported it). Importing that package
-    changes how a rank lets go of a process group: one that left its group no longer closed its
-    links, and its peers waited out the collective timeout instead of failing at once."""
-    module = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
-    cls = getattr(module, "ZeroRedundancyOptimizer", None)
-    return cls is not None and isinstance(optimizer, cls)
 
 
 class ShardingError(ValueError):

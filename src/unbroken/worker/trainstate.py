@@ -35,9 +35,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from unbroken.checkpoint.optimizer import is_zero
 from unbroken.worker.data import Batches
 from unbroken.worker.digest import state_digest, update_digest
-from unbroken.worker.sharding import Sharding, is_zero, sharding_of
+from unbroken.worker.sharding import Sharding, sharding_of
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.zero import ReplicaOptimizer
 

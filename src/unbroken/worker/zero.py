@@ -36,8 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unbroken.checkpoint.optimizer import is_zero
 from unbroken.worker.digest import update_digest
-from unbroken.worker.sharding import is_zero
 from unbroken.worker.statecodec import decode, encode
 
 FORMAT = 1

@@ -24,8 +24,9 @@ kmock = pytest.importorskip("kmock")
 kubernetes = pytest.importorskip("kubernetes")
 
 from unbroken.operator import Plan, kube, plan  # noqa: E402
-from unbroken.operator.kube import REPLACING  # noqa: E402
+from unbroken.operator.__main__ import registry_for  # noqa: E402
 from unbroken.operator.reschedule import DEVICE_HEALTH  # noqa: E402
+from unbroken.operator.resource import REPLACING  # noqa: E402
 from unbroken.spec import load_cluster, load_job  # noqa: E402
 
 pytestmark = pytest.mark.component
@@ -87,7 +88,7 @@ async def operator_on_kmock() -> AsyncIterator[Any]:
         )
         config = kubernetes.client.Configuration(host=str(k8s.url).rstrip("/"))
         api = kubernetes.client.ApiClient(config)
-        registry = kube.registry_for(api)
+        registry = registry_for(api)
         url = str(k8s.url).rstrip("/")
 
         @kopf.on.login(registry=registry)

@@ -1,5 +1,6 @@
-"""Import contract: kopf and the kubernetes client are loaded by unbroken.operator.kube alone, so
-the core install (planner, policy, CLI, worker) works without the ``kube`` extra."""
+"""Import contract: kopf and the kubernetes client are loaded by the operator's Kubernetes modules
+alone (unbroken.operator.kube, .volcano and the entry point, unbroken.operator.__main__), so the
+core install (planner, policy, CLI, worker) works without the ``kube`` extra."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def _modules_after(statement: str) -> set[str]:
     "statement",
     [
         "import unbroken.operator, unbroken.operator.reschedule, unbroken.policy",
+        "import unbroken.operator.resource, unbroken.operator.controlplane",
         "import unbroken.cli",
         "import unbroken.worker",
     ],
@@ -35,7 +37,10 @@ def test_kube_libraries_stay_out(statement: str) -> None:
     assert sorted(m for m in loaded if m.split(".")[0] in _KUBE) == []
 
 
-def test_the_operator_module_does_load_them() -> None:
-    """The check above can fail: the module that needs them does pull them in."""
-    loaded = _modules_after("import unbroken.operator.kube")
+@pytest.mark.parametrize(
+    "module", ["unbroken.operator.kube", "unbroken.operator.volcano", "unbroken.operator.__main__"]
+)
+def test_the_operator_modules_do_load_them(module: str) -> None:
+    """The check above can fail: the modules that need them do pull them in."""
+    loaded = _modules_after(f"import {module}")
     assert {"kopf", "kubernetes"} <= loaded

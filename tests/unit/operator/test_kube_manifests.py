@@ -123,38 +123,45 @@ def test_the_deployment_runs_a_module_that_exists() -> None:
     (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["command"][:2] == ["python", "-m"]
     module = container["command"][2]
-    assert module == "unbroken.operator.kube"
-    assert importlib.util.find_spec(module) is not None
+    assert module == "unbroken.operator"
+    assert importlib.util.find_spec(f"{module}.__main__") is not None
+
+
+def test_the_image_runs_what_the_deployment_runs() -> None:
+    docs = {d["kind"]: d for _, d in _manifests()}
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    (cmd,) = re.findall(r"^CMD (.+)$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M)
+    assert yaml.safe_load(cmd) == container["command"]
 
 
 def test_the_operator_listens_on_no_pod_port_and_probes_its_loopback() -> None:
     """Nothing of the operator is reachable on the pod network: no container port, and the
     liveness probe runs in the container against the endpoint kopf binds to 127.0.0.1."""
-    kube = pytest.importorskip("unbroken.operator.kube")
+    entry = pytest.importorskip("unbroken.operator.__main__")
     (deployment,) = [d for _, d in _manifests() if d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "ports" not in container
     probe = container["livenessProbe"]
     assert "httpGet" not in probe and "tcpSocket" not in probe
     command = " ".join(probe["exec"]["command"])
-    assert f"http://127.0.0.1:{kube.HEALTH_PORT}/healthz" in command
+    assert f"http://127.0.0.1:{entry.HEALTH_PORT}/healthz" in command
 
 
 def test_a_jobs_own_control_plane_is_made_of_valid_objects() -> None:
     """The Kubernetes example's job has process-level rungs: the operator's Secret, ConfigMap,
     control-plane pod and host pods for it are valid for the README's Kubernetes version, and
     the ConfigMap's job is the example job as `unbroken serve` reads it."""
-    kube = pytest.importorskip("unbroken.operator.kube")
     from unbroken.operator import controlplane
+    from unbroken.operator.resource import job_document, job_plan, job_spec
     from unbroken.spec import load_job, parse_job
 
     path = ROOT / "examples" / "kubernetes" / "recover.yaml"
     body = yaml.safe_load(path.read_text())
     jsonschema.validate(body, _crd_schema())
     body["metadata"]["uid"] = "uid-example"
-    job = kube.job_spec(body)
+    job = job_spec(body)
     assert controlplane.wanted(job)
-    p = kube.job_plan(job)
+    p = job_plan(job)
     owner = {
         "apiVersion": "mindxdl.gitee.com/v1",
         "kind": "AscendJob",
@@ -164,7 +171,7 @@ def test_a_jobs_own_control_plane_is_made_of_valid_objects() -> None:
     control, hosts = controlplane.names(job.name, p.cluster.nodes)
     docs = [
         controlplane.secret_manifest(body, controlplane.make_token(), owner),
-        controlplane.config_manifest(body, kube.job_document(body), p, owner),
+        controlplane.config_manifest(body, job_document(body), p, owner),
         controlplane.control_pod(body, p, owner),
         *(controlplane.host_pod(body, p, h, owner) for h in hosts),
     ]
