@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from unbroken.spec import document
-from unbroken.spec.document import Map, Node, Scalar, Seq, kind_name
+from unbroken.spec.document import Map, Scalar, Seq, YamlNode, kind_name
 from unbroken.spec.problems import Problems
 
 
@@ -130,8 +130,8 @@ def load_chaos(
     return tuple(out)
 
 
-def _entries(root: Node, problems: Problems) -> list[tuple[int, Map]]:
-    faults: Node | None = root
+def _entries(root: YamlNode, problems: Problems) -> list[tuple[int, Map]]:
+    faults: YamlNode | None = root
     if isinstance(root, Map):
         for key, node in root.items.items():
             if key != "faults":

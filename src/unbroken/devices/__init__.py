@@ -21,9 +21,9 @@ from unbroken.devices.health import (
 from unbroken.devices.monitor import DeviceMonitor, DeviceWatcher
 from unbroken.devices.sim import (
     RESET_S_DEFAULT,
-    InjectedFault,
     NodeState,
     Reset,
+    SimFault,
     SimProvider,
     clear_device_fault,
     inject_device_fault,
@@ -44,9 +44,9 @@ __all__ = [
     "DeviceStateError",
     "DeviceWatcher",
     "HealthProvider",
-    "InjectedFault",
     "NodeState",
     "Reset",
+    "SimFault",
     "SimProvider",
     "clear_device_fault",
     "inject_device_fault",

@@ -46,7 +46,7 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
-class InjectedFault:
+class SimFault:
     """A fault injected into one simulated device."""
 
     code: str
@@ -60,8 +60,8 @@ class NodeState:
 
     node: str
     devices: int
-    faults: Mapping[int, InjectedFault]
-    silent: Mapping[int, InjectedFault] = field(default_factory=dict)
+    faults: Mapping[int, SimFault]
+    silent: Mapping[int, SimFault] = field(default_factory=dict)
     resets: Mapping[int, Reset] = field(default_factory=dict)
 
     def health(self, now: float) -> tuple[DeviceHealth, ...]:
@@ -157,7 +157,7 @@ def inject_device_fault(
     with _locked(Path(state_dir), node):
         state = _read_existing(Path(state_dir), node)
         _check_device(state, device)
-        faults = {**state.faults, device: InjectedFault(code, detail, stamp)}
+        faults = {**state.faults, device: SimFault(code, detail, stamp)}
         _write(state_path(Path(state_dir), node), replace(state, faults=faults))
 
 
@@ -206,11 +206,11 @@ def inject_silent_fault(
     with _locked(Path(state_dir), node):
         state = _read_existing(Path(state_dir), node)
         _check_device(state, device)
-        silent = {**state.silent, device: InjectedFault(code, detail, stamp)}
+        silent = {**state.silent, device: SimFault(code, detail, stamp)}
         _write(state_path(Path(state_dir), node), replace(state, silent=silent))
 
 
-def silent_fault(state_dir: Path, node: str, device: int) -> InjectedFault | None:
+def silent_fault(state_dir: Path, node: str, device: int) -> SimFault | None:
     """The silent fault of a simulated device, None when it computes right (or when the
     node has no state file: not a simulated device)."""
     path = state_path(Path(state_dir), node)
@@ -305,8 +305,8 @@ def _parse_resets(resets_raw: dict[Any, Any], devices: int) -> dict[int, Reset]:
     return resets
 
 
-def _parse_faults(faults_raw: dict[Any, Any], devices: int) -> dict[int, InjectedFault]:
-    faults: dict[int, InjectedFault] = {}
+def _parse_faults(faults_raw: dict[Any, Any], devices: int) -> dict[int, SimFault]:
+    faults: dict[int, SimFault] = {}
     for key, value in faults_raw.items():
         if not (isinstance(key, str) and key.isdigit() and int(key) < devices):
             raise ValueError(f"fault key {key!r} is not a device index below {devices}")
@@ -319,7 +319,7 @@ def _parse_faults(faults_raw: dict[Any, Any], devices: int) -> dict[int, Injecte
             raise ValueError(f"fault of device {key}: 'detail' is {detail!r}, expected a string")
         if not isinstance(at, int | float) or isinstance(at, bool):
             raise ValueError(f"fault of device {key}: 'at' is {at!r}, expected a time")
-        faults[int(key)] = InjectedFault(code, detail, float(at))
+        faults[int(key)] = SimFault(code, detail, float(at))
     return faults
 
 

@@ -52,9 +52,9 @@ from unbroken.ledger.status import JobPhase, JobStatus, PodStatus
 from unbroken.ledger.store import SCHEMA_VERSION, Ledger, LedgerError, Record
 from unbroken.ledger.timeline import (
     PHASES,
-    Incident,
     IncidentOutcome,
-    Phase,
+    IncidentTimeline,
+    PhaseSpan,
     format_incidents,
     incidents,
 )
@@ -78,8 +78,8 @@ __all__ = [
     "FaultDetected",
     "FirstStepCommitted",
     "Goodput",
-    "Incident",
     "IncidentOutcome",
+    "IncidentTimeline",
     "JobFailed",
     "JobPhase",
     "JobStatus",
@@ -89,7 +89,7 @@ __all__ = [
     "LedgerError",
     "NodeDeprioritised",
     "NodeIsolated",
-    "Phase",
+    "PhaseSpan",
     "PlaneChanged",
     "PlaneFailover",
     "PlaneSwitchback",

@@ -43,7 +43,7 @@ from unbroken.ledger.events import (
     StressTestFinished,
 )
 from unbroken.ledger.store import Record
-from unbroken.ledger.timeline import Incident, IncidentOutcome, incidents
+from unbroken.ledger.timeline import IncidentOutcome, IncidentTimeline, incidents
 
 #: Causes of badput, in the order a run meets them.
 CAUSES: tuple[str, ...] = (
@@ -202,7 +202,7 @@ def goodput(records: Iterable[Record], now: float | None = None) -> Goodput:
 
 
 def _incident_spans(
-    inc: Incident, end: float, unschedulable: list[float]
+    inc: IncidentTimeline, end: float, unschedulable: list[float]
 ) -> list[tuple[float, float, str]]:
     spans: list[tuple[float, float, str]] = []
     if inc.outcome is IncidentOutcome.WENT_ON:

@@ -80,7 +80,7 @@ class IncidentOutcome(StrEnum):
 
 
 @dataclass(frozen=True)
-class Phase:
+class PhaseSpan:
     """One phase of an incident: when it ended and how long it took (None: not recorded)."""
 
     name: str
@@ -89,7 +89,7 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class Incident:
+class IncidentTimeline:
     fault_id: str
     source: str
     code: str
@@ -98,7 +98,7 @@ class Incident:
     faults: tuple[str, ...]  # every fault id that joined, the first one included
     strategy: str | None  # of the last decision
     outcome: IncidentOutcome
-    phases: tuple[Phase, ...]
+    phases: tuple[PhaseSpan, ...]
     mttr_s: float | None
     steps_recomputed: int | None
     ended_at: float | None
@@ -120,9 +120,9 @@ class _Open:
     loaded_step: int | None = None
 
 
-def incidents(records: Iterable[Record]) -> tuple[Incident, ...]:
+def incidents(records: Iterable[Record]) -> tuple[IncidentTimeline, ...]:
     """The incidents in ``records`` (any order; they are sorted by id), oldest first."""
-    done: list[Incident] = []
+    done: list[IncidentTimeline] = []
     cur: _Open | None = None
     for rec in sorted(records, key=lambda r: r.id):
         kind = rec.kind
@@ -160,7 +160,9 @@ def incidents(records: Iterable[Record]) -> tuple[Incident, ...]:
     return tuple(done)
 
 
-def _close(cur: _Open, outcome: IncidentOutcome, ended_at: float | None, reason: str) -> Incident:
+def _close(
+    cur: _Open, outcome: IncidentOutcome, ended_at: float | None, reason: str
+) -> IncidentTimeline:
     first = cur.first
     fault_at = _float_or(first.data.get("occurred_at"), first.at)
     ends = {"detect": first.at, **cur.ends}
@@ -169,16 +171,16 @@ def _close(cur: _Open, outcome: IncidentOutcome, ended_at: float | None, reason:
     for name in PHASES:
         end = ends.get(name)
         if end is None:
-            phases.append(Phase(name, None, None))
+            phases.append(PhaseSpan(name, None, None))
             continue
-        phases.append(Phase(name, end, max(0.0, end - prev)))
+        phases.append(PhaseSpan(name, end, max(0.0, end - prev)))
         prev = max(prev, end)
     first_step_at = ends.get("first_step")
     fault_step = _int_or_none(first.data.get("step"))
     recomputed = None
     if fault_step is not None and cur.loaded_step is not None:
         recomputed = max(0, fault_step - cur.loaded_step)
-    return Incident(
+    return IncidentTimeline(
         fault_id=str(first.data.get("fault_id", "")),
         source=str(first.data.get("source", "")),
         code=str(first.data.get("code", "")),
@@ -205,7 +207,7 @@ def _float_or(value: Any, default: float) -> float:
     return default
 
 
-def format_incidents(found: Iterable[Incident]) -> str:
+def format_incidents(found: Iterable[IncidentTimeline]) -> str:
     """A plain-text table per incident, for ``unbroken events --incidents`` and the benchmark."""
     blocks = []
     for number, inc in enumerate(found, start=1):

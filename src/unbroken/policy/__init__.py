@@ -26,13 +26,13 @@ from unbroken.policy.commands import (
 from unbroken.policy.decision import Decision, decide
 from unbroken.policy.events import (
     Event,
-    FaultDetected,
+    FaultReported,
     Feasibility,
     JobCompleted,
     PodUnschedulable,
-    RecoveryCompleted,
-    RecoveryFailed,
     ReplacementReady,
+    RungFailed,
+    RungSucceeded,
     Tick,
 )
 from unbroken.policy.states import (
@@ -56,7 +56,7 @@ __all__ = [
     "Event",
     "FailJob",
     "Failed",
-    "FaultDetected",
+    "FaultReported",
     "Feasibility",
     "HotSwitch",
     "IsolateDevice",
@@ -66,8 +66,6 @@ __all__ = [
     "PodUnschedulable",
     "RecoverOnSpare",
     "Recovering",
-    "RecoveryCompleted",
-    "RecoveryFailed",
     "ReplacementReady",
     "RescheduleJob",
     "ReschedulePods",
@@ -75,6 +73,8 @@ __all__ = [
     "RestartProcesses",
     "RetryOnline",
     "Rung",
+    "RungFailed",
+    "RungSucceeded",
     "Running",
     "ScaleIn",
     "Succeeded",

@@ -18,7 +18,7 @@ Finished (``Failed``, ``Succeeded``)
 Running
 
 - R1  ``JobCompleted``: ``Succeeded``.
-- R2  ``Tick`` or a stale ``RecoveryCompleted`` / ``RecoveryFailed`` / ``PodUnschedulable`` /
+- R2  ``Tick`` or a stale ``RungSucceeded`` / ``RungFailed`` / ``PodUnschedulable`` /
   ``ReplacementReady``: nothing.
 - R3  fault at ``NotHandle``: recorded, nothing.
 - R4  fault at ``PreSeparateNPU``: ``IsolateDevice`` (``IsolateNode`` if no device is named);
@@ -49,7 +49,7 @@ Running
   as much. A fault that finds progress resets the count.
 - R12 a stall beyond ``no_progress_restarts`` in a row: ``FailJob`` (isolation commands first)
   naming the step the job cannot get past; state ``Failed``.
-- R13 stopping faults detected together (``FaultDetected.together``: a rack's nodes lost in one
+- R13 stopping faults detected together (``FaultReported.together``: a rack's nodes lost in one
   check): one incident with all of them as F, as R10; counted once as R11.
 
 The ladder (for F; the first rung that is configured, feasible and within budget)
@@ -98,8 +98,8 @@ rescheduling) ran before in it:
 
 Recovering
 
-- V1  ``RecoveryCompleted``: ``Running``; the hardware reschedule count starts again.
-- V2  the rung failed (``RecoveryFailed``; ``Tick`` at or past ``deadline_at``;
+- V1  ``RungSucceeded``: ``Running``; the hardware reschedule count starts again.
+- V2  the rung failed (``RungFailed``; ``Tick`` at or past ``deadline_at``;
   ``PodUnschedulable`` during ``recover``, pod-level rescheduling or a hot switch): the ladder
   again for F, strictly below the failed rung, except that in-pod restart and job-level
   rescheduling may repeat (each time charged). Pod-level failing goes to job level uncharged.
@@ -173,13 +173,13 @@ from unbroken.policy.commands import (
 )
 from unbroken.policy.events import (
     Event,
-    FaultDetected,
+    FaultReported,
     Feasibility,
     JobCompleted,
     PodUnschedulable,
-    RecoveryCompleted,
-    RecoveryFailed,
     ReplacementReady,
+    RungFailed,
+    RungSucceeded,
     Tick,
 )
 from unbroken.policy.states import Budgets, Failed, JobState, Recovering, Rung, Running, Succeeded
@@ -209,17 +209,17 @@ def decide(state: JobState, event: Event, config: FaultHandling, now: float) -> 
 
 def _running(state: Running, event: Event, config: FaultHandling, now: float) -> Decision:
     match event:
-        case FaultDetected(together=together) if together:
+        case FaultReported(together=together) if together:
             faults = event.faults
             why = _describe_burst(faults)
             return _open(state, faults, event.feasibility, event.progress_step, config, now, why)
-        case FaultDetected(fault=fault, feasibility=feasibility, progress_step=progress):
+        case FaultReported(fault=fault, feasibility=feasibility, progress_step=progress):
             return _fault_while_running(state, fault, feasibility, progress, config, now)
         case JobCompleted(at=at):
             return Decision(Succeeded(state.generation, state.budgets, at), (), "job completed")
         case Tick():
             return Decision(state, (), "running: nothing due")
-        case RecoveryCompleted() | RecoveryFailed() | PodUnschedulable() | ReplacementReady():
+        case RungSucceeded() | RungFailed() | PodUnschedulable() | ReplacementReady():
             return Decision(state, (), f"no recovery in progress: stale {_name(event)} ignored")
         case _:
             assert_never(event)
@@ -344,7 +344,7 @@ def _sub_health(
 def _recovering(state: Recovering, event: Event, config: FaultHandling, now: float) -> Decision:
     rung = state.rung
     if (
-        isinstance(event, RecoveryCompleted | RecoveryFailed | PodUnschedulable | ReplacementReady)
+        isinstance(event, RungSucceeded | RungFailed | PodUnschedulable | ReplacementReady)
         and event.generation is not None
         and event.generation != state.generation
     ):
@@ -355,17 +355,17 @@ def _recovering(state: Recovering, event: Event, config: FaultHandling, now: flo
             f"({rung} is generation {state.generation})",
         )
     match event:
-        case FaultDetected(together=together) if together:
+        case FaultReported(together=together) if together:
             return _burst_while_recovering(state, event, config, now)
-        case FaultDetected(fault=fault, feasibility=feasibility, progress_step=progress):
+        case FaultReported(fault=fault, feasibility=feasibility, progress_step=progress):
             return _fault_while_recovering(state, fault, feasibility, progress, config, now)
-        case RecoveryCompleted():
+        case RungSucceeded():
             running = Running(
                 state.generation, dataclasses.replace(state.budgets, hardware_reschedules=0)
             )
             took_s = now - state.incident_at
             return Decision(running, (), f"recovered by {rung} in {took_s:.1f} s")
-        case RecoveryFailed(reason=reason):
+        case RungFailed(reason=reason):
             return _rung_failed(state, f"{rung} failed: {reason}", config, now)
         case Tick():
             if now >= state.deadline_at:
@@ -409,7 +409,7 @@ def _fault_while_recovering(
 
 
 def _burst_while_recovering(
-    state: Recovering, event: FaultDetected, config: FaultHandling, now: float
+    state: Recovering, event: FaultReported, config: FaultHandling, now: float
 ) -> Decision:
     """Row V12: the new faults of a burst join F at once, as one fault of row V7."""
     new = tuple(f for f in event.faults if not _already_known(f, state))

@@ -2,7 +2,7 @@
 
 ``at`` fields are wall-clock stamps (``time.time()`` units) of when the fact happened.
 
-Outcome events (``RecoveryCompleted``, ``RecoveryFailed``, ``PodUnschedulable``,
+Outcome events (``RungSucceeded``, ``RungFailed``, ``PodUnschedulable``,
 ``ReplacementReady``) name the ``generation`` of the rung they belong to, as the policy gave it
 in :class:`~unbroken.policy.states.Recovering`; the job manager's executor tags each rung's work
 with it. An outcome of a rung the policy has since given up is then stale and ignored (row V10
@@ -40,7 +40,7 @@ class Feasibility:
 
 
 @dataclass(frozen=True)
-class FaultDetected:
+class FaultReported:
     """``progress_step``: the highest step the job has ever committed when the fault came
     (None: unknown; no stall is counted, see :mod:`unbroken.policy.stall`).
 
@@ -66,7 +66,7 @@ class FaultDetected:
 
 
 @dataclass(frozen=True)
-class RecoveryCompleted:
+class RungSucceeded:
     """All ranks committed their first step after the recovery."""
 
     at: float
@@ -74,7 +74,7 @@ class RecoveryCompleted:
 
 
 @dataclass(frozen=True)
-class RecoveryFailed:
+class RungFailed:
     """The rung being executed failed (replacement not placeable, repair failed, ...)."""
 
     reason: str
@@ -113,9 +113,9 @@ class JobCompleted:
 
 
 Event = (
-    FaultDetected
-    | RecoveryCompleted
-    | RecoveryFailed
+    FaultReported
+    | RungSucceeded
+    | RungFailed
     | PodUnschedulable
     | ReplacementReady
     | Tick

@@ -57,7 +57,7 @@ def _in_place(f: Fault) -> bool:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RungPlan:
     """The rungs to try in order, whether to save last words first, and why configured rungs
     (or the whole ladder, when ``rungs`` is empty) were left out."""
 
@@ -75,7 +75,7 @@ def plan(
     *,
     below: Rung | None,
     free_reschedule: bool,
-) -> Plan:
+) -> RungPlan:
     """The rungs for ``faults`` strictly below ``below`` on the ladder (in-pod restart and
     job-level rescheduling may repeat; hot switch counts as above every rung), in order.
 
@@ -97,7 +97,7 @@ def plan(
     dump = (
         alive and (not rungs or not rungs[0].process_level) and dump_feasible(feasibility, config)
     )
-    return Plan(tuple(rungs), dump, tuple(why_not))
+    return RungPlan(tuple(rungs), dump, tuple(why_not))
 
 
 def process_gate(config: FaultHandling) -> str | None:

@@ -6,7 +6,7 @@ committed step), and the same fault comes back at the same place. Without a boun
 restarts the ranks several times a second for ``max_restarts`` (32767) rounds.
 
 The executor reports, with every fault, the highest step the job has ever committed
-(``FaultDetected.progress_step``). The budgets keep the mark of the previous stopping fault: a
+(``FaultReported.progress_step``). The budgets keep the mark of the previous stopping fault: a
 fault whose job has not committed a step beyond that mark is a *stall*. Stalls are counted in a
 row (a fault after progress starts the count again; the faults of the ranks of one round count
 once); the rung for the n-th stall in a row waits :func:`backoff_s` first, and a stall beyond

@@ -24,7 +24,7 @@ from unbroken.ledger.events import (
 from unbroken.ledger.goodput import CAUSE_LABELS, CAUSES, Goodput, goodput
 from unbroken.ledger.status import JobStatus
 from unbroken.ledger.store import Record
-from unbroken.ledger.timeline import PHASES, Incident, incidents
+from unbroken.ledger.timeline import PHASES, IncidentTimeline, incidents
 from unbroken.report.svg import PALETTE, Series, Span, line_chart, stacked_bar
 
 _STYLE = """
@@ -97,7 +97,7 @@ def _outcome(recs: Sequence[Record], status: JobStatus | None) -> str:
 
 
 def _summary(
-    recs: Sequence[Record], gp: Goodput, found: Sequence[Incident], status: JobStatus | None
+    recs: Sequence[Record], gp: Goodput, found: Sequence[IncidentTimeline], status: JobStatus | None
 ) -> str:
     total = status.total_steps if status is not None else None
     step = max(gp.step, status.step if status is not None else 0)
@@ -143,7 +143,7 @@ def _step_points(recs: Sequence[Record], t0: float) -> tuple[tuple[float, float]
     return tuple(pts)
 
 
-def _step_chart(recs: Sequence[Record], gp: Goodput, found: Sequence[Incident]) -> str:
+def _step_chart(recs: Sequence[Record], gp: Goodput, found: Sequence[IncidentTimeline]) -> str:
     t0 = gp.started_at
     spans = [
         Span(
@@ -180,7 +180,7 @@ def _key(colors: dict[str, str], labels: dict[str, str]) -> str:
     )
 
 
-def _incidents(recs: Sequence[Record], found: Sequence[Incident]) -> str:
+def _incidents(recs: Sequence[Record], found: Sequence[IncidentTimeline]) -> str:
     if not found:
         return "<p>No incidents: the run met no fault.</p>"
     levels = {

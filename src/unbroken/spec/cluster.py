@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unbroken.spec import document
-from unbroken.spec.document import Map, Node, Scalar, as_bool, as_int, as_map, as_seq
+from unbroken.spec.document import Map, Scalar, YamlNode, as_bool, as_int, as_map, as_seq
 from unbroken.spec.faulthandling import PROCESS_RUNGS
 from unbroken.spec.knobs import (
     LIST_WATCH_PERIOD_S_DEFAULT,
@@ -233,7 +233,9 @@ def _check(
     )
 
 
-def _device_plugin(node: Node | None, problems: Problems) -> tuple[DevicePlugin, dict[str, int]]:
+def _device_plugin(
+    node: YamlNode | None, problems: Problems
+) -> tuple[DevicePlugin, dict[str, int]]:
     if node is None:
         return DevicePlugin(), {}
     if isinstance(node, Scalar) and isinstance(node.value, str):
@@ -274,7 +276,7 @@ def _device_plugin(node: Node | None, problems: Problems) -> tuple[DevicePlugin,
     return plugin, lines
 
 
-def _hot_reset(node: Node | None, problems: Problems) -> HotReset | None:
+def _hot_reset(node: YamlNode | None, problems: Problems) -> HotReset | None:
     if node is None:
         return None
     value = node.value if isinstance(node, Scalar) else None

@@ -38,13 +38,13 @@ MAX_VALUES = 100_000
 
 
 @dataclass(frozen=True)
-class Node:
+class YamlNode:
     path: str
     line: int
 
 
 @dataclass(frozen=True)
-class Scalar(Node):
+class Scalar(YamlNode):
     """A YAML scalar: ``value`` is str, int, float, bool or None; ``block`` is true for ``|``/``>``
     block scalars, whose text starts on the line after ``line``."""
 
@@ -59,19 +59,19 @@ class Scalar(Node):
 
 
 @dataclass(frozen=True)
-class Seq(Node):
-    items: tuple[Node, ...] = ()
+class Seq(YamlNode):
+    items: tuple[YamlNode, ...] = ()
 
 
 @dataclass(frozen=True)
-class Map(Node):
-    items: dict[str, Node] = field(default_factory=dict)
+class Map(YamlNode):
+    items: dict[str, YamlNode] = field(default_factory=dict)
 
-    def get(self, key: str) -> Node | None:
+    def get(self, key: str) -> YamlNode | None:
         return self.items.get(key)
 
 
-def kind_name(node: Node) -> str:
+def kind_name(node: YamlNode) -> str:
     """What a node is, in a user's words (for 'expected a mapping, got a list')."""
     if isinstance(node, Map):
         return "a mapping"
@@ -191,7 +191,7 @@ def compose(text: str, problems: Problems) -> yaml.Node | None:
     return root
 
 
-def parse(text: str, problems: Problems) -> Node | None:
+def parse(text: str, problems: Problems) -> YamlNode | None:
     """Compose ``text`` into located nodes; None with problems recorded if it is not YAML."""
     before = len(problems.problems)
     root = compose(text, problems)
@@ -209,7 +209,7 @@ def parse(text: str, problems: Problems) -> Node | None:
         loader.dispose()
 
 
-def load(path: Path, problems: Problems) -> Node | None:
+def load(path: Path, problems: Problems) -> YamlNode | None:
     text = read_text(path, problems)
     if text is None:
         return None
@@ -218,7 +218,7 @@ def load(path: Path, problems: Problems) -> Node | None:
 
 def _walk(
     loader: yaml.SafeLoader, node: yaml.Node, path: str, problems: Problems, budget: list[int]
-) -> Node:
+) -> YamlNode:
     line = node.start_mark.line + 1
     budget[0] -= 1
     if budget[0] < 0:
@@ -256,7 +256,7 @@ def _walk(
     except yaml.YAMLError as exc:
         problems.error(line, path, f"cannot merge keys ({exc})")
     merged = len(node.value) - explicit
-    items: dict[str, Node] = {}
+    items: dict[str, YamlNode] = {}
     key_lines: dict[str, int] = {}
     from_merge: set[str] = set()
     for index, (key_node, value_node) in enumerate(node.value):
@@ -286,7 +286,7 @@ def _walk(
     return Map(path=path, line=line, items=items)
 
 
-def as_map(node: Node | None, problems: Problems) -> Map | None:
+def as_map(node: YamlNode | None, problems: Problems) -> Map | None:
     """``node`` as a mapping; an error if it is something else (None passes through)."""
     if node is None or isinstance(node, Map):
         return node
@@ -296,7 +296,7 @@ def as_map(node: Node | None, problems: Problems) -> Map | None:
     return None
 
 
-def as_seq(node: Node | None, problems: Problems) -> Seq | None:
+def as_seq(node: YamlNode | None, problems: Problems) -> Seq | None:
     if node is None or isinstance(node, Seq):
         return node
     if isinstance(node, Scalar) and node.value is None:
@@ -305,7 +305,7 @@ def as_seq(node: Node | None, problems: Problems) -> Seq | None:
     return None
 
 
-def as_str(node: Node | None, problems: Problems, *, quote_hint: bool = False) -> str | None:
+def as_str(node: YamlNode | None, problems: Problems, *, quote_hint: bool = False) -> str | None:
     """A string value. Kubernetes wants label, annotation and env values as strings, so with
     ``quote_hint`` an unquoted ``on``/``3``/``true`` is an error that says how to quote it."""
     if node is None:
@@ -327,7 +327,9 @@ def as_str(node: Node | None, problems: Problems, *, quote_hint: bool = False) -
     return None
 
 
-def as_int(node: Node | None, problems: Problems, low: int, high: int | None = None) -> int | None:
+def as_int(
+    node: YamlNode | None, problems: Problems, low: int, high: int | None = None
+) -> int | None:
     if node is None:
         return None
     allowed = f"a whole number {low}-{high}" if high is not None else f"a whole number >= {low}"
@@ -350,7 +352,7 @@ def as_int(node: Node | None, problems: Problems, low: int, high: int | None = N
     return value
 
 
-def as_bool(node: Node | None, problems: Problems) -> bool | None:
+def as_bool(node: YamlNode | None, problems: Problems) -> bool | None:
     if node is None:
         return None
     if isinstance(node, Scalar) and isinstance(node.value, bool):

@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from unbroken.spec import document
-from unbroken.spec.document import Map, Node, Scalar, as_map, as_seq, as_str
+from unbroken.spec.document import Map, Scalar, YamlNode, as_map, as_seq, as_str
 from unbroken.spec.faulthandling import Located, located_strings, read_fault_handling
 from unbroken.spec.knobs import FaultHandling, Framework, Strategy, SubHealthyStrategy
 from unbroken.spec.launch_values import job_wide, replica_specs
@@ -117,7 +117,7 @@ def parse_job(text: str, source: Path) -> JobSpec:
     return _read_job(root, source, problems)
 
 
-def _read_job(root: Node, source: Path, problems: Problems) -> JobSpec:
+def _read_job(root: YamlNode, source: Path, problems: Problems) -> JobSpec:
     top = root if isinstance(root, Map) else None
     if top is None:
         problems.error(

@@ -18,8 +18,8 @@ from enum import StrEnum
 
 from unbroken.spec.document import (
     Map,
-    Node,
     Scalar,
+    YamlNode,
     as_bool,
     as_int,
     as_map,
@@ -116,7 +116,7 @@ class RawReplica:
 
 
 def read_replica(
-    type_: ReplicaType, name: str, node: Map, replicas_node: Node | None, problems: Problems
+    type_: ReplicaType, name: str, node: Map, replicas_node: YamlNode | None, problems: Problems
 ) -> RawReplica:
     """Read one replica spec (``replicas`` + ``template``) at ``node``."""
     replicas = as_int(replicas_node, problems, 1, MAX_REPLICAS) if replicas_node is not None else 1
@@ -146,7 +146,7 @@ def read_replica(
     return raw
 
 
-def _min_replicas(raw: RawReplica, node: Node | None, problems: Problems) -> int | None:
+def _min_replicas(raw: RawReplica, node: YamlNode | None, problems: Problems) -> int | None:
     """``minReplicas``: elastic training scales this replica type in down to so many pods
     (torch elastic's ``--nnodes=MIN:MAX``); absent: never below ``replicas``."""
     value = as_int(node, problems, 0, MAX_REPLICAS)
@@ -171,7 +171,7 @@ def _min_replicas(raw: RawReplica, node: Node | None, problems: Problems) -> int
     return value
 
 
-def _training_container(items: tuple[Node, ...], problems: Problems) -> Map | None:
+def _training_container(items: tuple[YamlNode, ...], problems: Problems) -> Map | None:
     maps = [m for m in (as_map(item, problems) for item in items) if m is not None]
     for container in maps:
         name = container.get("name")
@@ -199,7 +199,7 @@ def _read_container(container: Map, raw: RawReplica, problems: Problems) -> None
             raw.knobs[name] = EnvValue(word.text, word.line, f"{where}: export {name}")
 
 
-def _words(node: Node | None, problems: Problems) -> list[Word]:
+def _words(node: YamlNode | None, problems: Problems) -> list[Word]:
     seq = as_seq(node, problems)
     if seq is None:
         return []

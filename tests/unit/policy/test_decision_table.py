@@ -20,7 +20,7 @@ from unbroken.policy import (
     Event,
     Failed,
     FailJob,
-    FaultDetected,
+    FaultReported,
     Feasibility,
     HotSwitch,
     IsolateDevice,
@@ -30,8 +30,6 @@ from unbroken.policy import (
     PodUnschedulable,
     Recovering,
     RecoverOnSpare,
-    RecoveryCompleted,
-    RecoveryFailed,
     ReplacementReady,
     RescheduleJob,
     ReschedulePods,
@@ -39,6 +37,8 @@ from unbroken.policy import (
     RestartProcesses,
     RetryOnline,
     Rung,
+    RungFailed,
+    RungSucceeded,
     Running,
     ScaleIn,
     Succeeded,
@@ -94,10 +94,10 @@ def lost(i: int) -> Fault:
     )
 
 
-def rack(*nodes: int) -> FaultDetected:
+def rack(*nodes: int) -> FaultReported:
     """Nodes lost in one check: detected together."""
     first, *rest = (lost(i) for i in nodes)
-    return FaultDetected(first, ALL, together=tuple(rest))
+    return FaultReported(first, ALL, together=tuple(rest))
 
 
 def sub_health() -> Fault:
@@ -135,13 +135,13 @@ def proc(*strategies: Strategy, **changes: object) -> FaultHandling:
     return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
 
 
-def fault(f: Fault, feasibility: Feasibility = ALL, **changes: object) -> FaultDetected:
-    return FaultDetected(f, dataclasses.replace(feasibility, **changes))  # type: ignore[arg-type]
+def fault(f: Fault, feasibility: Feasibility = ALL, **changes: object) -> FaultReported:
+    return FaultReported(f, dataclasses.replace(feasibility, **changes))  # type: ignore[arg-type]
 
 
-def at_step(f: Fault, progress_step: int) -> FaultDetected:
+def at_step(f: Fault, progress_step: int) -> FaultReported:
     """``f`` reported when the job had committed up to ``progress_step``."""
-    return FaultDetected(f, ALL, progress_step=progress_step)
+    return FaultReported(f, ALL, progress_step=progress_step)
 
 
 def recovering(
@@ -209,7 +209,7 @@ ROWS = {
         fault(crash()),
         POD,
         (),
-        "job already failed: FaultDetected ignored",
+        "job already failed: FaultReported ignored",
         Failed,
     ),
     "T1-succeeded": Row(
@@ -220,13 +220,13 @@ ROWS = {
     "R2-tick": Row(Running(), Tick(NOW), POD, (), "running: nothing due", Running),
     "R2-completed": Row(
         Running(),
-        RecoveryCompleted(NOW),
+        RungSucceeded(NOW),
         POD,
         (),
-        "no recovery in progress: stale RecoveryCompleted ignored",
+        "no recovery in progress: stale RungSucceeded ignored",
         Running,
     ),
-    "R2-failed": Row(Running(), RecoveryFailed("x", NOW), POD, (), "stale RecoveryFailed", Running),
+    "R2-failed": Row(Running(), RungFailed("x", NOW), POD, (), "stale RungFailed", Running),
     "R2-unschedulable": Row(
         Running(), PodUnschedulable("worker-1", NOW), POD, (), "stale PodUnschedulable", Running
     ),
@@ -851,7 +851,7 @@ ROWS = {
     # --- recovering ----------------------------------------------------------------------------
     "V1": Row(
         recovering(Rung.RETRY, uce(), budgets=Budgets(hardware_reschedules=3)),
-        RecoveryCompleted(NOW + 10.0),
+        RungSucceeded(NOW + 10.0),
         proc(Strategy.RETRY),
         (),
         "recovered by retry in 10.0 s",
@@ -861,7 +861,7 @@ ROWS = {
     ),
     "V2-retry-failed": Row(
         recovering(Rung.RETRY, uce()),
-        RecoveryFailed("repair failed", NOW + 5.0),
+        RungFailed("repair failed", NOW + 5.0),
         proc(Strategy.RETRY, Strategy.RECOVER),
         (RecoverOnSpare("worker-1", (3,), (), ()),),
         "retry failed: repair failed: recover (worker-1)",
@@ -899,7 +899,7 @@ ROWS = {
     ),
     "V2-pod-failed": Row(
         recovering(Rung.POD_RESCHEDULE, budgets=SPENT),
-        RecoveryFailed("agent lost", NOW + 12.0),
+        RungFailed("agent lost", NOW + 12.0),
         POD,
         (RescheduleJob((), (), 30.0),),
         "job-level rescheduling",
@@ -908,7 +908,7 @@ ROWS = {
     ),
     "V2-job-again": Row(
         recovering(Rung.JOB_RESCHEDULE, budgets=Budgets(software_reschedules=1)),
-        RecoveryFailed("crashed while loading", NOW + 50.0),
+        RungFailed("crashed while loading", NOW + 50.0),
         JOB,
         (RescheduleJob((), (), None),),
         "job-rescheduling failed: crashed while loading: job-level rescheduling",
@@ -918,7 +918,7 @@ ROWS = {
     ),
     "V2-job-spent": Row(
         recovering(Rung.JOB_RESCHEDULE, budgets=SPENT),
-        RecoveryFailed("crashed while loading", NOW + 50.0),
+        RungFailed("crashed while loading", NOW + 50.0),
         JOB,
         (FailJob(""),),
         "job-rescheduling failed: crashed while loading: no recovery left: rescheduling: "
@@ -928,7 +928,7 @@ ROWS = {
     ),
     "V2-no-dump-after-stop": Row(
         recovering(Rung.JOB_RESCHEDULE, budgets=Budgets(software_reschedules=1)),
-        RecoveryFailed("crashed while loading", NOW + 50.0),
+        RungFailed("crashed while loading", NOW + 50.0),
         proc(Strategy.DUMP, fault_retry_times=3),
         (RescheduleJob((), (), 30.0),),
         "job-rescheduling failed: crashed while loading: job-level rescheduling",
@@ -937,7 +937,7 @@ ROWS = {
     ),
     "V2-dump-after-process-rung": Row(
         recovering(Rung.RECOVER),
-        RecoveryFailed("repair failed", NOW + 50.0),
+        RungFailed("repair failed", NOW + 50.0),
         proc(Strategy.RECOVER, Strategy.DUMP),
         (DumpLastWords(300.0), ReschedulePods(("worker-1",), (), (), 30.0)),
         "recover failed: repair failed: last words, then pod-level rescheduling of worker-1",
@@ -946,7 +946,7 @@ ROWS = {
     ),
     "V2-restart-again": Row(
         recovering(Rung.PROCESS_RESTART, budgets=Budgets(restarts=(("worker-1", 1),))),
-        RecoveryFailed("exited during restore", NOW + 50.0),
+        RungFailed("exited during restore", NOW + 50.0),
         NONE,
         (RestartProcesses("worker-1", (3,)),),
         "in-pod restart (worker-1 2 of 3)",
@@ -955,7 +955,7 @@ ROWS = {
     ),
     "V3-failed": Row(
         recovering(Rung.HOT_SWITCH, sub_health()),
-        RecoveryFailed("backup pod crashed", NOW + 5.0),
+        RungFailed("backup pod crashed", NOW + 5.0),
         dataclasses.replace(POD, sub_healthy=SubHealthyStrategy.HOT_SWITCH),
         (),
         "hot-switch failed: backup pod crashed; training goes on with the sub-healthy device",
@@ -1142,17 +1142,17 @@ ROWS = {
     ),
     "V10-stale-failure": Row(
         recovering(Rung.RECOVER),
-        RecoveryFailed("dump failed", NOW + 3.0, generation=0),
+        RungFailed("dump failed", NOW + 3.0, generation=0),
         proc(Strategy.RECOVER),
         (),
-        "stale RecoveryFailed of generation 0 ignored (recover is generation 1)",
+        "stale RungFailed of generation 0 ignored (recover is generation 1)",
         Recovering,
         rung_is(Rung.RECOVER),
         now=NOW + 3.0,
     ),
     "V10-current-generation": Row(
         recovering(Rung.RECOVER),
-        RecoveryCompleted(NOW + 3.0, generation=1),
+        RungSucceeded(NOW + 3.0, generation=1),
         proc(Strategy.RECOVER),
         (),
         "recovered by recover in 3.0 s",
@@ -1219,7 +1219,7 @@ def test_row(row_id: str) -> None:
 
 def test_only_faults_that_stop_training_come_together() -> None:
     with pytest.raises(ValueError, match="only faults that stop training"):
-        FaultDetected(lost(1), ALL, together=(sub_health(),))
+        FaultReported(lost(1), ALL, together=(sub_health(),))
 
 
 def test_every_documented_row_is_tested() -> None:

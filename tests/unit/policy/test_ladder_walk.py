@@ -10,14 +10,12 @@ from unbroken.policy import (
     DumpLastWords,
     Failed,
     FailJob,
-    FaultDetected,
+    FaultReported,
     Feasibility,
     JobState,
     PodUnschedulable,
     Recovering,
     RecoverOnSpare,
-    RecoveryCompleted,
-    RecoveryFailed,
     ReplacementReady,
     RescheduleJob,
     ReschedulePods,
@@ -25,6 +23,8 @@ from unbroken.policy import (
     RestartProcesses,
     RetryOnline,
     Rung,
+    RungFailed,
+    RungSucceeded,
     Running,
     ScaleIn,
     Tick,
@@ -81,12 +81,12 @@ class Walk:
 
 def test_every_rung_fails_in_turn_until_the_hardware_cap() -> None:
     walk = Walk(ALL_STRATEGIES)
-    assert walk.feed(FaultDetected(UCE, EVERYTHING), T0) == (RetryOnline((3,)),)
+    assert walk.feed(FaultReported(UCE, EVERYTHING), T0) == (RetryOnline((3,)),)
     # recover-in-place takes a memory error of level RestartBusiness younger than 60 s
-    assert walk.feed(RecoveryFailed("repair failed", T0 + 5), T0 + 5) == (
+    assert walk.feed(RungFailed("repair failed", T0 + 5), T0 + 5) == (
         RestartInPlace("worker-1", (3,)),
     )
-    assert walk.feed(RecoveryFailed("restart failed", T0 + 10), T0 + 10) == (
+    assert walk.feed(RungFailed("restart failed", T0 + 10), T0 + 10) == (
         RecoverOnSpare("worker-1", (3,), (), ()),
     )
     assert isinstance(walk.state, Recovering)
@@ -96,7 +96,7 @@ def test_every_rung_fails_in_turn_until_the_hardware_cap() -> None:
     assert walk.state.deadline_at == T0 + 50 + REPAIR_TIMEOUT_S
     assert walk.feed(Tick(T0 + 100), T0 + 100) == ()
     assert walk.feed(Tick(T0 + 170), T0 + 170) == (ScaleIn("worker-1", (3,)),)
-    assert walk.feed(RecoveryFailed("scale-in failed", T0 + 180), T0 + 180) == (
+    assert walk.feed(RungFailed("scale-in failed", T0 + 180), T0 + 180) == (
         DumpLastWords(300.0),
         ReschedulePods(("worker-1",), (), (), 20.0),
     )
@@ -107,13 +107,13 @@ def test_every_rung_fails_in_turn_until_the_hardware_cap() -> None:
     assert walk.state.budgets.hardware_reschedules == 1  # the escalation was free
     now = T0 + 300
     for used in range(2, HARDWARE_RESCHEDULE_CAP + 1):
-        assert walk.feed(RecoveryFailed("placement crashed", now), now) == (
+        assert walk.feed(RungFailed("placement crashed", now), now) == (
             RescheduleJob((), (), 20.0),
         )
         assert isinstance(walk.state, Recovering)
         assert walk.state.budgets.hardware_reschedules == used
         now += 100
-    commands = walk.feed(RecoveryFailed("placement crashed", now), now)
+    commands = walk.feed(RungFailed("placement crashed", now), now)
     assert isinstance(walk.state, Failed)
     assert commands == (FailJob(walk.state.reason),)  # no second dump in the incident
     assert walk.state.reason == (
@@ -129,9 +129,9 @@ def test_progress_resets_the_hardware_cap() -> None:
     now = T0
     for _ in range(HARDWARE_RESCHEDULE_CAP + 3):
         fault = Fault(FaultKind.DEVICE, FaultLevel.SEPARATE_NPU, "XID-79", now, "n1", "w", (0,), 0)
-        commands = walk.feed(FaultDetected(fault), now)
+        commands = walk.feed(FaultReported(fault), now)
         assert len(commands) == 1 and isinstance(commands[0], RescheduleJob)
-        walk.feed(RecoveryCompleted(now + 60), now + 60)
+        walk.feed(RungSucceeded(now + 60), now + 60)
         assert walk.state == Running(walk.state.generation, Budgets())
         now += 3600
 
@@ -142,8 +142,8 @@ def test_crash_loop_without_rescheduling_ends_after_max_restarts() -> None:
     seen = []
     while not isinstance(walk.state, Failed):
         crash = Fault(FaultKind.EXCEPTION, FaultLevel.RESTART_BUSINESS, "", now, "n1", "w", (1,))
-        seen.append(walk.feed(FaultDetected(crash), now))
-        walk.feed(RecoveryCompleted(now + 1), now + 1)
+        seen.append(walk.feed(FaultReported(crash), now))
+        walk.feed(RungSucceeded(now + 1), now + 1)
         now += 10
     assert seen[:2] == [(RestartProcesses("w", (1,)),)] * 2
     assert len(seen) == 3

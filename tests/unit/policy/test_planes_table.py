@@ -19,6 +19,8 @@ from unbroken.policy.planes import (
     decide_plane,
 )
 
+pytestmark = pytest.mark.unit
+
 ON = PlaneConfig(enabled=True, hold_s=5.0)
 OFF = PlaneConfig(enabled=False, hold_s=5.0)
 

@@ -21,7 +21,7 @@ from unbroken.policy import (
     Event,
     Failed,
     FailJob,
-    FaultDetected,
+    FaultReported,
     Feasibility,
     HotSwitch,
     JobCompleted,
@@ -29,8 +29,6 @@ from unbroken.policy import (
     PodUnschedulable,
     Recovering,
     RecoverOnSpare,
-    RecoveryCompleted,
-    RecoveryFailed,
     ReplacementReady,
     RescheduleJob,
     ReschedulePods,
@@ -38,6 +36,8 @@ from unbroken.policy import (
     RestartProcesses,
     RetryOnline,
     Rung,
+    RungFailed,
+    RungSucceeded,
     Running,
     ScaleIn,
     Succeeded,
@@ -161,13 +161,13 @@ def to_event(step: Step, now: float) -> Event:
     match step.kind:
         case "fault":
             assert step.fault is not None
-            return FaultDetected(
+            return FaultReported(
                 dataclasses.replace(step.fault, at=now - step.age_s), step.feasibility
             )
         case "completed":
-            return RecoveryCompleted(now)
+            return RungSucceeded(now)
         case "failed":
-            return RecoveryFailed("the executor reported a failure", now)
+            return RungFailed("the executor reported a failure", now)
         case "unschedulable":
             return PodUnschedulable(step.pod, now)
         case "ready":
@@ -199,7 +199,7 @@ class Tracker:
         escalation = (
             isinstance(before, Recovering)
             and before.rung is Rung.POD_RESCHEDULE
-            and not isinstance(event, FaultDetected)
+            and not isinstance(event, FaultReported)
         )
         for command in decision.commands:
             match command:
@@ -240,7 +240,7 @@ class Tracker:
                     assert isinstance(decision.state, Failed)
                     assert reason == decision.state.reason
                     assert command is decision.commands[-1]
-        if isinstance(event, RecoveryCompleted) and isinstance(before, Recovering):
+        if isinstance(event, RungSucceeded) and isinstance(before, Recovering):
             self.charged_since_progress = 0
         if not isinstance(decision.state, Recovering):
             self.stopped = self.dumped = False  # the incident is over
