@@ -73,9 +73,6 @@ class BareStore:
 
 
 class HarnessManager(JobManager):
-    def host_store(self, port: int) -> Any:
-        return BareStore(port)
-
     def _handle(self, msg: Inbound) -> None:
         if msg.method == "BenchStop":
             self.finish(True, "load run over")
@@ -141,6 +138,7 @@ def main() -> int:
         Ledger(a.run_dir / "ledger.db"),
         options=ManagerOptions(agent_timeout_s=a.agent_timeout, agent_start_timeout_s=120.0),
         pod_starter=start_pod,
+        store_opener=lambda _host, port: BareStore(port),
     )
     m.started_at = started
 

@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             ledger = Ledger(run_dir / "ledger.db")
             manager = JobManager(layout, cl, run_dir, ledger, chaos, opts, console)
-            manager.listen = listen
-            manager.executor.remote_nodes = NodeRegistry()
+            manager.engine.listen = listen
+            manager.engine.remote_nodes = NodeRegistry()
             if secret is not None:
                 manager.use_secret(secret)
             token = args.token_file or run_dir / "token"

@@ -7,8 +7,8 @@ When room comes back (a node returned, a device healthy again) the dropped pods 
 again and the job scales out at a step boundary, the newcomers repaired from a replica. The
 rank-0 pod is never dropped, and the job never goes below its minimum (``minReplicas``).
 
-Everything here is pure: the executor (:mod:`unbroken.manager.executor`) keeps one
-:class:`ElasticState` and asks it; time is an argument.
+Everything here is pure: the elastic operations (:mod:`unbroken.manager.scaling`) keep one
+:class:`ElasticState` and ask it; time is an argument.
 """
 
 from __future__ import annotations

@@ -1,94 +1,89 @@
-"""The job manager: owns the rendezvous store, feeds faults to the policy, executes decisions.
+"""The job manager: the loop that turns what arrives into facts and decisions.
 
 It runs in the control plane process, never in a training pod, so the death of rank 0's node
-takes neither the store nor the manager with it. One thread (the loop in :meth:`JobManager.run`)
-owns all state; RPC handlers, the device watcher and timers only post messages to its inbox.
-
-This module keeps the I/O and the loop; the parts it feeds are pure or narrow:
+takes neither the rendezvous store nor the manager with it. One thread (the loop in
+:meth:`JobManager.run`) owns all state; RPC handlers, the device watcher and timers only post
+messages to its inbox. The loop hands each message to the part it is for and turns what the
+parts return into ledger events and the policy's events:
 
 - agents' messages arrive as typed reports (:mod:`unbroken.protocol.messages`), matched on type;
-- :mod:`unbroken.manager.detector` turns reports into faults (DESIGN section 3): a rank exit,
-  a failed step, a hang (its tick and its steps stopped for three step times), a lost node (its
-  agent silent for ``agent_timeout_s``) and a device fault; echoes of a peer's death are held
-  back so that the first fault, not its echo, is the one handled;
-- :mod:`unbroken.manager.executor` carries out the policy's decisions through a narrow
-  interface to this manager (:class:`~unbroken.manager.executor.ExecutorHost`);
+- :mod:`unbroken.manager.detector` turns reports into faults (DESIGN section 3); agent silence
+  is watched by :mod:`unbroken.manager.liveness`, device health by
+  :mod:`unbroken.manager.pool`; :mod:`unbroken.manager.incident` records each fault and keeps
+  the incident;
+- :mod:`unbroken.manager.executor` asks the policy (:func:`unbroken.policy.decide`) with what is
+  feasible (:mod:`unbroken.manager.feasible`) and carries its commands out through the engine
+  (:mod:`unbroken.manager.engine`: pods, placements, stores), the pool, the in-process rungs
+  (:mod:`unbroken.manager.inprocess`), hot switching and elastic training;
 - :mod:`unbroken.chaos.injector` injects the faults of ``--chaos`` and ``unbroken inject``.
 
-Reports from an older generation than the current one are echoes of a fault already handled.
-Decisions come from :func:`unbroken.policy.decide`; every fact is recorded in the ledger. The
-wall clock is an argument (``clock``), so a component test drives the loop with a fake one.
+``docs/recovery-route.md`` follows one fault through these parts, hop by hop. Reports from an
+older generation than the current one are echoes of a fault already handled. The wall clock is
+an argument (``clock``), so a component test drives the loop with a fake one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unbroken.agent.image import StoreKeeper
 from unbroken.chaos import ChaosFault, InjectKind
-from unbroken.chaos.injector import Injector, RankTarget, due
-from unbroken.devices import (
-    DeviceWatcher,
-    SimProvider,
-)
-from unbroken.faults import CodeTable, Fault, FaultKind, escalate
+from unbroken.chaos.injector import Injector, due
+from unbroken.devices import DeviceWatcher, SimProvider
+from unbroken.faults import CodeTable, Fault
 from unbroken.ledger import (
     CommunicationReady,
-    FaultDetected,
     FirstStepCommitted,
     JobFailed,
-    JobPhase,
-    JobStatus,
     JobSubmitted,
     JobSucceeded,
     Ledger,
     LedgerError,
-    PodStatus,
     ProcessesStarted,
-    RecoveryCompleted,
     StateLoaded,
-    StateSource,
     StepProgress,
 )
 from unbroken.manager.console import Console
+from unbroken.manager.context import Context
 from unbroken.manager.detector import Detector, Where, diverged
-from unbroken.manager.executor import Executor, PodStarter
-from unbroken.manager.incident import Incident
+from unbroken.manager.endpoints import dashboard, write_control_file
+from unbroken.manager.engine import Engine, ManagerError, PodStarter, StoreOpener
+from unbroken.manager.executor import Executor
+from unbroken.manager.feasible import feasibility
+from unbroken.manager.generations import Generations
+from unbroken.manager.hotswitch import HotSwitcher
+from unbroken.manager.incident import Incidents
+from unbroken.manager.inprocess import InProcess
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions
-from unbroken.manager.metrics import LedgerCollector, registry_for
+from unbroken.manager.liveness import AgentWatch
+from unbroken.manager.milestones import CommReady, FirstCommit, Loaded, Milestones, Progress
 from unbroken.manager.pods import PodProcess
-from unbroken.manager.progress import (
-    PhaseWatch,
-    RankView,
-    committed_step,
-    median_step_time,
-)
+from unbroken.manager.pool import Pool
+from unbroken.manager.progress import RankView
+from unbroken.manager.scaling import Elastic
 from unbroken.manager.service import (
     HEARTBEAT_FLOOR_S,
     STREAM_CLOSED,
     STREAM_OPENED,
     CommandQueues,
     Inbound,
+    answer,
     build_server,
     heartbeat_interval_s,
+    refused,
     silence_timeout_s,
 )
+from unbroken.manager.snapshot import RunOutcome, job_status
 from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
+from unbroken.manager.targets import JobTarget
 from unbroken.manager.web import WebEndpoint, WebError
-from unbroken.policy import FaultDetected as PolicyFault
-from unbroken.policy import Feasibility
-from unbroken.policy import RecoveryCompleted as PolicyRecovered
-from unbroken.policy import ReplacementReady as PolicyReplacementReady
+from unbroken.policy import FaultReported, ReplacementReady, RungSucceeded
 from unbroken.policy import Tick as PolicyTick
 from unbroken.policy.straggler import StragglerKnobs
 from unbroken.protocol.heartbeat import unpack_op_retry
@@ -112,18 +107,10 @@ from unbroken.protocol.messages import (
     decode_report,
     encode_answer,
 )
-from unbroken.report import render
-from unbroken.rpc.store import host_store
+
+__all__ = ["JobManager", "ManagerError", "RunOutcome"]
 
 log = logging.getLogger(__name__)
-
-
-def let_store_go(store: Any, wait_s: float = 0.0) -> None:
-    """A store of :meth:`JobManager.host_store` ends: a keeper is told to (and waited for up
-    to ``wait_s``), torch's store closes with its last reference."""
-    if isinstance(store, StoreKeeper):
-        store.close(wait_s)
-
 
 #: The manager's clock period: timeouts, settling and the policy's deadlines are checked this
 #: often (and no more often, however many messages arrive).
@@ -134,9 +121,6 @@ TICK_S = 0.05
 #: together, and the server sees the breaks up to about a second apart when it is busy
 #: (bench/scale.py, 10k nodes).
 GATHER_S = 1.0
-#: How often a large job's manager looks at every agent's silence (a node that hangs with its
-#: order stream open is lost after three heartbeat intervals, 60 s at 10k nodes).
-AGENTS_SCAN_S = 1.0
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
 _PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Release", "Link"})
@@ -144,22 +128,21 @@ _PEER_METHODS = frozenset({HELLO, HEARTBEAT, REPORT, "Inject", "StressTest", "Re
 _ROUTINE = frozenset({HEARTBEAT, STREAM_OPENED, STREAM_CLOSED})
 
 
-class ManagerError(RuntimeError):
-    """The job could not be started or run; the message says why."""
-
-
-@dataclass
-class RunOutcome:
-    succeeded: bool
-    reason: str
-    step: int
-    faults: int
-    recoveries: int
-    elapsed_s: float
-
-
 class JobManager:
-    """Runs one job on the embedded cluster until it succeeds or fails."""
+    """Runs one job on the embedded cluster until it succeeds or fails.
+
+    Args:
+        job, cluster: the job and the cluster as laid out from their YAML.
+        run_dir: the run's directory (ledger, logs, control file).
+        ledger: where every fact is recorded.
+        chaos: the faults to inject (``--chaos``).
+        options: the manager's timeouts and intervals.
+        console: what a user watching sees.
+        clock: the wall clock (``time.time``; a component test passes a fake one).
+        pod_starter: starts a placed pod's agent (default: ``unbroken launch``).
+        store_opener: hosts a generation's rendezvous store (default: torch's TCPStore).
+        engine_type: the pod engine (a component test passes one whose pods are edges).
+    """
 
     def __init__(
         self,
@@ -172,135 +155,135 @@ class JobManager:
         console: Console | None = None,
         clock: Callable[[], float] = time.time,
         pod_starter: PodStarter | None = None,
+        store_opener: StoreOpener | None = None,
+        engine_type: type[Engine] = Engine,
     ) -> None:
-        #: The wall clock (``time.time``; a component test passes a fake one).
         self.clock = clock
         self.job = job
         self.cl = cluster
         self.run_dir = run_dir
         self.ledger = ledger
-        self.chaos = chaos
         self.opt = options or ManagerOptions()
         self.console = console or Console(quiet=True)
-        self.fh = job.fault_handling
-        self.codes = CodeTable.load(cluster.code_table)
         self.secret = secrets.token_hex(16)
         self.inbox: queue.Queue[Inbound] = queue.Queue()
         self.commands = CommandQueues(streams=len(cluster.nodes))
+        ctx = Context(
+            job=job,
+            cluster=cluster,
+            options=self.opt,
+            codes=CodeTable.load(cluster.code_table),
+            ledger=ledger,
+            console=self.console,
+            commands=self.commands,
+            run_dir=run_dir,
+            chaos=chaos,
+            clock=clock,
+        )
+        self.ctx = ctx
         #: The agents' heartbeat interval and the silence that loses a node whose agent's order
         #: stream is still open (unbroken.manager.service: the protocol at scale).
         self.heartbeat_s = heartbeat_interval_s(len(job.pods))
-        self.silence_s = silence_timeout_s(self.heartbeat_s, self.opt.agent_timeout_s)
-        #: Agents (pod, pid) whose order stream ended while their pod ran, and when.
-        self.streams_broken: dict[tuple[str, int], float] = {}
         #: What scans every rank (stragglers, steady progress) and the status run once per half
         #: heartbeat interval at most, not on every tick: they grow with N, and at 1000 nodes
         #: the status alone took 60 ms every 0.5 s (bench/scale.py). A small job scans every
         #: tick.
         self.scan_s = max(TICK_S, self.heartbeat_s / 2)
         self.next_scan_at = 0.0
-        self.next_agents_at = 0.0
-        #: An agent silent beyond :meth:`_quiet_s` at the last full check of the agents.
-        self.long_silent = False
-        self.pods: dict[str, PodProcess] = {}
-        self.ranks: dict[int, RankView] = {}
-        self.generation = 0
-        #: The generation whose replicas were found diverged (unbroken.worker.agreement).
-        self.diverged_generation: int | None = None
-        self.detector = Detector(self.codes, self.opt.settle_s, self.opt.agent_timeout_s)
+        self.next_status_at = 0.0
+        # The parts, each the one owner of its state (see the module doc).
+        self.gens = Generations()
+        self.incidents = Incidents(ctx)
+        self.pool = Pool(ctx, self.incidents)
+        self.engine = engine_type(ctx, self.pool, self.gens, self.secret, pod_starter, store_opener)
+        self.inprocess = InProcess(ctx, self.engine, self.pool, self.gens, self.incidents)
+        self.hotswitch = HotSwitcher(ctx, self.engine, self.pool)
+        self.elastic = Elastic(ctx, self.engine, self.pool, self.inprocess)
+        self.executor = Executor(
+            ctx,
+            engine=self.engine,
+            pool=self.pool,
+            generations=self.gens,
+            incidents=self.incidents,
+            inprocess=self.inprocess,
+            hotswitch=self.hotswitch,
+            elastic=self.elastic,
+            finish=self.finish,
+            finished=lambda: self.outcome is not None,
+        )
+        self.agents = AgentWatch(
+            ctx,
+            self.engine,
+            self.heartbeat_s,
+            silence_timeout_s(self.heartbeat_s, self.opt.agent_timeout_s),
+        )
+        self.detector = Detector(ctx.codes, self.opt.settle_s, self.opt.agent_timeout_s)
         #: Nodes slower than their peers (unbroken.policy.straggler).
+        fh = job.fault_handling
         self.stragglers = StragglerWatch(
             StragglerKnobs(
-                threshold=self.fh.straggler_threshold_percent / 100,
-                window=self.fh.straggler_window,
-                hold_s=self.fh.straggler_hold_s,
+                threshold=fh.straggler_threshold_percent / 100,
+                window=fh.straggler_window,
+                hold_s=fh.straggler_hold_s,
             )
         )
-        self.history: list[Fault] = []
-        self.incident: Incident | None = None
-        self.n_faults = 0
-        self.n_recoveries = 0
         self.started_at = self.clock()
-        self.progress_step = 0
         self.fired_chaos: set[int] = set()
-        self.phases_done: dict[str, int] = {}
-        self.phase_watch = PhaseWatch()
+        self.milestones = Milestones(job.world_size, self.opt.progress_every)
         self.outcome: RunOutcome | None = None
-        self.store: Any = None
-        self.server: Any = None
+        self.server: object | None = None
         self.web: WebEndpoint | None = None
         self.watcher: DeviceWatcher | None = None
-        self.sim_dir = run_dir / "devices"
         self.control_file = run_dir / "control.json"
-        #: Where the control plane and the rendezvous stores listen (``unbroken serve``).
-        self.listen: tuple[str, int] = ("127.0.0.1", 0)
-        self.next_status_at = 0.0
-        self.master_port = 0
-        self.replica_step: dict[int, int] = {}  # generation -> step repaired from a replica
-        self.generation_began: dict[int, float] = {}
-        self.pending_reason = ""  # why pods wait to be placed, for the status
-        self.injector = Injector(self)
-        self.executor = Executor(
-            self,
-            job=job,
-            cluster_layout=cluster,
-            options=self.opt,
-            codes=self.codes,
-            chaos=chaos,
-            run_dir=run_dir,
-            secret=self.secret,
-            ledger=ledger,
-            console=self.console,
-            commands=self.commands,
-            clock=clock,
-            pod_starter=pod_starter,
-        )
+        self.injector = Injector(JobTarget(ctx, self.engine, self.pool, self.gens))
         #: Online stress tests (``unbroken stress-test``).
-        self.stress = StressTester(ManagerStressHost(self), job, ledger, self.console)
-
-    # ---- what the executor needs (ExecutorHost) -----------------------------------------
-    @property
-    def control_address(self) -> str:
-        return str(self.server.address)
-
-    @property
-    def finished(self) -> bool:
-        return self.outcome is not None
-
-    def begin_generation(self, replica_step: int | None) -> int:
-        self.generation += 1
-        self.generation_began[self.generation] = self.clock()
-        if replica_step is not None:
-            self.replica_step[self.generation] = replica_step
-        self.ranks = {}
-        self.open_store()
-        return self.generation
+        self.stress = StressTester(
+            ManagerStressHost(
+                ctx,
+                self.gens,
+                self.engine,
+                self.pool,
+                self.inprocess,
+                busy=self.executor.busy,
+                finished=lambda: self.outcome is not None,
+                rejoin=self.executor.rejoin_in_place,
+                report=self.fault_detected,
+            ),
+            job,
+            ledger,
+            self.console,
+        )
 
     def use_secret(self, secret: str) -> None:
         """Take ``secret`` as the run's token instead of the one made at construction: the
         token the hosts were given (``unbroken serve --secret-file``). Before :meth:`run`."""
         self.secret = secret
-        self.executor.secret = secret
+        self.engine.secret = secret
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
+        engine = self.engine
         # First: the node image imports torch while the rest of the start goes on.
-        self.executor.start_image()
-        self.open_store(self.job.master_port or 0)
-        self.server = build_server(
+        engine.start_image()
+        engine.open_store(self.job.master_port or 0)
+        server = build_server(
             self.secret,
             self.inbox,
             self.commands,
             answer_timeout_s=10.0,
-            nodes=self.executor.remote_nodes,
-            host=self.listen[0],
-            port=self.listen[1],
+            nodes=engine.remote_nodes,
+            host=engine.listen[0],
+            port=engine.listen[1],
             clock=self.clock,
         )
-        self.server.start()
+        self.server = server
+        server.start()
+        engine.control_address = str(server.address)
         self._start_web()
         self._write_control_file()
-        provider = SimProvider(self.sim_dir, {n: self.cl.devices_per_node for n in self.cl.nodes})
+        provider = SimProvider(
+            self.ctx.sim_dir, {n: self.cl.devices_per_node for n in self.cl.nodes}
+        )
         self.watcher = DeviceWatcher(
             provider,
             self.cl.list_watch_period_s,
@@ -313,31 +296,21 @@ class JobManager:
                 pods=tuple(p.name for p in self.job.pods),
                 world_size=self.job.world_size,
                 total_steps=self.job.total_steps,
-                strategies=self.fh.strategies,
+                strategies=self.job.fault_handling.strategies,
             )
         )
         self.console.line(
             f"job {self.job.job_id}: {len(self.job.pods)} pods x {self.job.nproc_per_node} ranks "
-            f"on {len(self.cl.nodes)} nodes; control plane {self.server.address}, "
-            f"store {self.listen[0]}:{self.master_port}"
+            f"on {len(self.cl.nodes)} nodes; control plane {server.address}, "
+            f"store {engine.listen[0]}:{engine.master_port}"
         )
-        self.executor.place_and_start(tuple(p.name for p in self.job.pods), prefer={})
-        if self.outcome is None and not self.pods:
+        self.executor.start(tuple(p.name for p in self.job.pods))
+        if self.outcome is None and not engine.pods:
             raise ManagerError("no pod could be placed")
 
     def _start_web(self) -> None:
-        """Prometheus metrics and the live dashboard, computed from the ledger per request."""
-        collector = LedgerCollector(self.ledger)
-
-        def page() -> str:
-            st = self.ledger.status()
-            live = st is None or not st.phase.finished
-            return render(collector.records(), st, now=self.clock() if live else None, refresh_s=5)
-
         try:
-            self.web = WebEndpoint(
-                self.secret, registry_for(collector), page, self.opt.metrics_port
-            )
+            self.web = dashboard(self.ledger, self.secret, self.clock, self.opt.metrics_port)
         except WebError as exc:
             raise ManagerError(str(exc)) from None
         self.console.line(
@@ -345,53 +318,14 @@ class JobManager:
             f"(token: the secret in {self.control_file.name})"
         )
 
-    def open_store(self, port: int = 0) -> None:
-        """A fresh rendezvous store for the next generation.
-
-        torch 2.13's env:// rendezvous under ``TORCHELASTIC_USE_AGENT_STORE`` puts no
-        per-attempt prefix on its keys, so a store reused across restarts hands restarted
-        ranks the addresses of dead ones (pytorch/pytorch#135712). Every generation gets its
-        own store instead; only the first uses the job's ``--master_port`` when it gives one.
-        """
-        try:
-            store = self.host_store(port)
-        except Exception as exc:
-            raise ManagerError(
-                f"cannot open the rendezvous store on {self.listen[0]}:{port}"
-                f"{' (--master_port of the job: is the port in use?)' if port else ''}: {exc}"
-            ) from None
-        let_store_go(self.store)
-        self.store = store
-        self.master_port = int(store.port)
-
-    def host_store(self, port: int) -> Any:
-        """A store on 127.0.0.1 alone (it has no authentication; see unbroken.rpc.store),
-        hosted by a keeper forked from the node image where there is one (torch is imported
-        there already, and this process then imports none), else in this process. Raises
-        ``OSError`` when it cannot listen there."""
-        image = self.executor.image
-        host = self.listen[0]
-        store = None if image is None else image.host_store(host, port)
-        return host_store(host, port) if store is None else store
-
     def _write_control_file(self) -> None:
-        # A new file of ours, 0600 from its creation, never a path planted before us (O_EXCL,
-        # O_NOFOLLOW); the rename replaces whatever stands at control.json, a link included.
-        tmp = self.run_dir / f".control-{secrets.token_hex(8)}.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(
-                {
-                    "address": self.server.address,
-                    "metrics": self.web.address if self.web is not None else "",
-                    "secret": self.secret,
-                    "pid": os.getpid(),
-                    "job": self.job.job_id,
-                },
-                f,
-            )
-        os.replace(tmp, self.control_file)
+        write_control_file(
+            self.control_file,
+            address=self.engine.control_address,
+            metrics=self.web.address if self.web is not None else "",
+            secret=self.secret,
+            job_id=self.job.job_id,
+        )
 
     def run(self) -> RunOutcome:
         try:
@@ -430,7 +364,7 @@ class JobManager:
 
     def shutdown(self) -> None:
         success = self.outcome is not None and self.outcome.succeeded
-        self.executor.stop_all(grace_s=None if not success else 5.0, success=success)
+        self.engine.stop_all(grace_s=None if not success else 5.0, success=success)
         self.injector.release_throttles()
         self.commands.close()
         if self.watcher is not None:
@@ -438,20 +372,19 @@ class JobManager:
         if self.server is not None:
             # Long enough for the hosts' order streams to see the run's end and close: cut,
             # a host's agent reads the stream's cancellation as a lost control plane.
-            self.server.stop(2.0)
+            self.server.stop(2.0)  # type: ignore[attr-defined]
         if self.web is not None:
             self.web.stop()
         self.control_file.unlink(missing_ok=True)
         # The store's keeper ends before the image it was forked from: no process of the run
         # outlives the run.
-        let_store_go(self.store, wait_s=5.0)
-        self.store = None
-        self.executor.close_image()
+        self.engine.close_stores()
+        self.engine.close_image()
 
     def finish(self, succeeded: bool, reason: str) -> None:
         if self.outcome is not None:
             return
-        step = committed_step(self.ranks.values()) if self.ranks else self.progress_step
+        step = self.gens.committed(self.progress_step)
         if succeeded:
             self.ledger.record(JobSucceeded(step=step))
         else:
@@ -460,8 +393,8 @@ class JobManager:
             succeeded=succeeded,
             reason=reason,
             step=step,
-            faults=self.n_faults,
-            recoveries=self.n_recoveries,
+            faults=self.incidents.n_faults,
+            recoveries=self.incidents.n_recoveries,
             elapsed_s=self.clock() - self.started_at,
         )
         self._write_status(self.clock(), force=True)
@@ -485,41 +418,29 @@ class JobManager:
         body = msg.body
         match msg.method:
             case "Device":
-                self.executor.device_event(body["event"])
+                fault = self.pool.device_event(body["event"], self.clock())
+                if fault is not None:
+                    self.fault_detected(fault, self.clock())
             case "Inject":
-                assert msg.reply is not None
-                try:
-                    at = self.clock()
-                    detail = self.injector.request(body)
-                    self._record_injected(at, str(body["kind"]), detail)
-                    msg.reply.put({"ok": True, "detail": detail})
-                except ValueError as exc:
-                    msg.reply.put({"ok": False, "error": str(exc)})
+                answer(msg, lambda: {"detail": self._inject(body)})
             case "Release":
-                assert msg.reply is not None
-                try:
-                    detail = self.executor.release_device(str(body["node"]), int(body["device"]))
-                    msg.reply.put({"ok": True, "detail": detail})
-                except ValueError as exc:
-                    msg.reply.put({"ok": False, "error": str(exc)})
+                node, device = str(body["node"]), int(body["device"])
+                answer(msg, lambda: {"detail": self.pool.release_device(node, device)})
             case "StressTest":
-                assert msg.reply is not None
-                try:
-                    round_, detail = self.stress.request(self.clock())
-                    msg.reply.put({"ok": True, "round": round_, "detail": detail})
-                except ValueError as exc:
-                    msg.reply.put({"ok": False, "error": str(exc)})
+                answer(
+                    msg,
+                    lambda: dict(
+                        zip(("round", "detail"), self.stress.request(self.clock()), strict=True)
+                    ),
+                )
             case "Link":  # unbroken link switchback / failover --plane NAME
-                assert msg.reply is not None
                 d = self.executor.planes.command(str(body.get("to") or ""), self.clock())
-                if d.refused:
-                    msg.reply.put({"ok": False, "error": d.reason})
-                else:
-                    msg.reply.put({"ok": True, "detail": d.reason})
+                answer(msg, lambda: refused(d.reason) if d.refused else {"detail": d.reason})
             case method if method == STREAM_OPENED:
-                self.streams_broken.pop((str(body["pod"]), int(body["pid"])), None)
+                self.agents.stream_opened(str(body["pod"]), int(body["pid"]))
             case method if method == STREAM_CLOSED:
-                self.streams_broken[(str(body["pod"]), int(body["pid"]))] = msg.at or self.clock()
+                at = msg.at or self.clock()
+                self.agents.stream_closed(str(body["pod"]), int(body["pid"]), at)
             case method if method in (HELLO, HEARTBEAT, REPORT):
                 sender, report = decode_report(method, body)
                 heard = msg.at or self.clock()
@@ -536,7 +457,7 @@ class JobManager:
 
     def _pod_of(self, sender: Sender) -> PodProcess | None:
         """The pod of the agent that sent a report; None for an agent of a replaced pod."""
-        pod = self.pods.get(sender.pod)
+        pod = self.engine.pods.get(sender.pod)
         if pod is None or sender.agent_pid != pod.pid:
             return None
         return pod
@@ -546,10 +467,10 @@ class JobManager:
         not call ``unbroken.worker.init``, or exited before it) trained nothing under
         supervision: no step was committed, checkpointed or protected. The job fails with
         that reason, so a misconfigured script is not mistaken for a finished training."""
-        idle = sorted(r for p in self.pods.values() for r in p.without_session)
+        idle = sorted(r for p in self.engine.pods.values() for r in p.without_session)
         if not idle:
             # A job scaled in finishes with the ranks of its smaller world.
-            self.finish(True, f"all {self.executor.world_size()} ranks finished")
+            self.finish(True, f"all {self.elastic.world_size} ranks finished")
             return
         which = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))}"
         self.finish(
@@ -574,19 +495,19 @@ class JobManager:
         if pod is None or sender.generation < 0:
             return
         pod.last_heartbeat_at = max(pod.last_heartbeat_at, heard_at)
-        if sender.generation != self.generation:
+        gens = self.gens
+        if sender.generation != gens.current:
             return
         for row in beat.ranks:
-            view = self.ranks.get(row.rank)
+            view = gens.ranks.get(row.rank)
             if view is not None and view.pid == row.pid:
                 seen = view.op_retries
                 view.update(row)
-                self.phase_watch.touch(row.rank)
-                if view.op_retries > seen and view.op_retry_at > self.generation_began.get(
-                    self.generation, 0.0
-                ):  # a collective re-executed in the rank: no fault for the policy
+                self.milestones.touch(row.rank)
+                if view.op_retries > seen and view.op_retry_at > gens.began_at(gens.current):
+                    # a collective re-executed in the rank: no fault for the policy
                     step, attempt, level = unpack_op_retry(view.op_retry_last)
-                    retry = f"op retry {attempt}/{self.fh.op_retry.max_count}, L{level}"
+                    retry = f"op retry {attempt}/{self.ctx.fh.op_retry.max_count}, L{level}"
                     self.ledger.record_raw(
                         "OpRetry",
                         {"rank": view.rank, "step": step, "attempt": attempt, "level": level},
@@ -606,10 +527,10 @@ class JobManager:
         gen = sender.generation
         match event:
             case PodFinished(without_session=idle):
-                if gen == self.generation:
+                if gen == self.gens.current:
                     pod.finished = True
                     pod.without_session = idle
-                    if all(p.finished for p in self.pods.values()):
+                    if all(p.finished for p in self.engine.pods.values()):
                         self._all_finished()
                 return
             case PodStopped():
@@ -620,13 +541,13 @@ class JobManager:
                     pod.node, event.plane, event.up, event.changed_at, event.planes
                 )
                 return
-        if gen != self.generation:
+        if gen != self.gens.current:
             log.info(
                 "ignoring %s from %s of generation %d (now %d)",
                 type(event).__name__,
                 pod.pod,
                 gen,
-                self.generation,
+                self.gens.current,
             )
             return
         where = Where(pod=pod.pod, node=pod.node)
@@ -634,7 +555,7 @@ class JobManager:
             case RanksStarted() | RanksRejoined():
                 self._ranks_started(pod, gen, event)
             case RankExited():
-                view = self.ranks.get(event.rank)
+                view = self.gens.ranks.get(event.rank)
                 if view is not None:
                     view.alive = False
                     if event.committed is not None:
@@ -643,7 +564,7 @@ class JobManager:
                 if diverged(fault):
                     # The agreement check found the replicas apart: no rank's state is a
                     # replica to repair from; every rank resumes from the newest checkpoint.
-                    self.diverged_generation = self.generation
+                    self.gens.mark_diverged()
             case RankFailed():
                 self.detector = self.detector.rank_failed(
                     event,
@@ -652,10 +573,10 @@ class JobManager:
                     # A pause under way (an elastic scale-out, a stress test) fails the
                     # collectives of ranks still in a step with a peer that stopped at the
                     # boundary: no fault.
-                    recovering=self.incident is not None
-                    or self.executor.pending_rejoin is not None
+                    recovering=self.incidents.open is not None
+                    or self.inprocess.pending_rejoin is not None
                     or self.stress.under_way,
-                    generation_began_at=self.generation_began.get(self.generation, 0.0),
+                    generation_began_at=self.gens.began_at(self.gens.current),
                 )
             case RankHung():
                 self.detector = self.detector.rank_hung(event, where, now)
@@ -666,8 +587,8 @@ class JobManager:
         pids = dict(event.pids)
         pod.rank_pids = pids
         for rank, pid in pids.items():
-            self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
-            self.phase_watch.touch(rank)
+            self.gens.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
+            self.milestones.touch(rank)
         # A rejoin keeps the healthy processes: only replacements are started processes.
         started = sorted(pids) if isinstance(event, RanksStarted) else sorted(event.joined)
         if started:
@@ -681,103 +602,39 @@ class JobManager:
                 ),
                 at=event.started_at,
             )
-        awaiting = self.incident.awaiting_replacement if self.incident is not None else set()
-        if pod.pod in awaiting:
-            awaiting.discard(pod.pod)
-            if awaiting:
-                return
-            ready = PolicyReplacementReady(
-                pod=pod.pod, at=self.clock(), generation=self.executor.rung_of(gen)
-            )
-            self.executor.policy(ready, self.clock())
+        if self.incidents.replacement_started(pod.pod):
+            at = self.clock()
+            ready = ReplacementReady(pod=pod.pod, at=at, generation=self.gens.rung_of(gen))
+            self.executor.policy(ready, at)
 
     # ---- the clock --------------------------------------------------------------------
     def _tick(self, now: float) -> None:
         scan = self.heartbeat_s <= HEARTBEAT_FLOOR_S or now >= self.next_scan_at
         if scan:
             self.next_scan_at = now + self.scan_s
-        self._check_agents(now)
-        self._settle(now)
+        for pod, why in self.agents.lost(now):
+            self._node_lost(pod, now, why)
+        self.detector, faults = self.detector.settle(
+            now, agent_silent=self.agents.any_silent(now), gather_s=GATHER_S
+        )
+        self.faults_detected(faults, now)
         if scan:
             self._stragglers(now)
         self._phases(now, scan)
-        self.executor.poll_rejoin(now)
-        self.executor.planes.tick(now)
+        ex = self.executor
+        ex.poll_rejoin(now)
+        ex.planes.tick(now)
         self.stress.poll(now)
-        self.executor.poll_dump(now)
-        self.executor.poll_held(now)
-        self.executor.keep_spares(now)
-        self.executor.retry_placement(now)
-        self.executor.poll_room(now)
-        self.executor.scale_out(now)
+        ex.poll_dump(now)
+        ex.poll_held(now)
+        ex.keep_spares(now)
+        ex.retry_placement(now)
+        ex.poll_room(now)
+        ex.scale_out(now)
         self._chaos(now)
         if self.outcome is None:
-            self.executor.policy(PolicyTick(now=now), now)
+            ex.policy(PolicyTick(now=now), now)
         self._write_status(now)
-
-    def _check_agents(self, now: float) -> None:
-        """Nodes whose agents fell silent are lost. In a large job (a heartbeat interval
-        above the floor) every agent is looked at once every ``AGENTS_SCAN_S`` and, in
-        between, only those whose order stream broke (a scan of 10k pods every tick was a
-        tenth of the manager's CPU); a small job looks at all every tick."""
-        full = self.heartbeat_s <= HEARTBEAT_FLOOR_S or now >= self.next_agents_at
-        if full:
-            self.next_agents_at = now + AGENTS_SCAN_S
-            pods = list(self.pods.values())
-            self.long_silent = False
-        else:
-            pods = self._broken_stream_pods()
-        quiet_s = self._quiet_s()
-        silent_pods: list[tuple[PodProcess, str]] = []
-        for pod in pods:
-            if pod.finished or pod.stopped or pod.lost:
-                continue
-            if pod.hello_at is None:
-                if now - pod.started_at > self.opt.agent_start_timeout_s:
-                    pod.lost = True
-                    self._node_lost(pod, now, "its agent never reported")
-                continue
-            silent = now - pod.last_heartbeat_at
-            if full and silent > quiet_s:
-                self.long_silent = True
-            broken_at = self.streams_broken.get((pod.pod, pod.pid))
-            # Silent for agent_timeout_s since its order stream broke, or for silence_s (the
-            # same for a small job) at all: the node is lost. Counted from the break, the nodes
-            # of a rack that goes at once are lost in the same tick, one incident, not spread
-            # over a heartbeat interval (bench/scale.py's rack burst). In a large job an agent
-            # that said hello but has not yet started its ranks, its stream open, has until
-            # agent_start_timeout_s: a thousand agents start at once and their first reports
-            # queue behind each other (bench/scale.py: 1000 nodes lost at start).
-            limit = self.silence_s
-            if not pod.rank_pids and self.heartbeat_s > HEARTBEAT_FLOOR_S:
-                limit = max(limit, self.opt.agent_start_timeout_s)
-            quiet = None if broken_at is None else now - max(broken_at, pod.last_heartbeat_at)
-            over = silent > self.opt.agent_timeout_s and silent > limit
-            broke = quiet is not None and quiet > self.opt.agent_timeout_s
-            if over and (broke or self.heartbeat_s <= HEARTBEAT_FLOOR_S or silent > 2 * limit):
-                pod.lost = True
-                self._node_lost(pod, now, f"its agent missed heartbeats for {silent:.2f} s")
-            elif broke:
-                pod.lost = True
-                why = f"its agent's order stream broke {quiet:.2f} s ago, nothing since"
-                self._node_lost(pod, now, why)
-            elif over and full:
-                silent_pods.append((pod, f"its agent missed heartbeats for {silent:.2f} s"))
-        # Many agents silent at once with their streams open says more of the control plane
-        # (its host stalled, its own backlog) than of the nodes: in a large job, more than a
-        # tenth of the pods silent in one check wait up to a second limit before they are
-        # lost (Kubernetes stops evicting when most of a zone's nodes look down).
-        storm = self.heartbeat_s > HEARTBEAT_FLOOR_S and len(silent_pods) > 0.1 * len(self.pods)
-        if storm:
-            log.warning(
-                "%d agents silent at once with their streams open: held as a control-plane "
-                "stall until twice their silence limit",
-                len(silent_pods),
-            )
-            return
-        for pod, why in silent_pods:
-            pod.lost = True
-            self._node_lost(pod, now, why)
 
     def _node_lost(self, pod: PodProcess, now: float, why: str) -> None:
         # Whatever is left of the pod's processes is unsupervised now: end it.
@@ -790,47 +647,12 @@ class JobManager:
             now,
         )
 
-    def _broken_stream_pods(self) -> list[PodProcess]:
-        """The pods whose agent's order stream broke (and has not opened again)."""
-        return [
-            p for (name, pid) in self.streams_broken if (p := self.pods.get(name)) and p.pid == pid
-        ]
-
-    def _quiet_s(self) -> float:
-        """An agent may be silent for a heartbeat interval: it looks lost after half as long
-        again (or after 0.5 s once its order stream broke)."""
-        return max(0.5, 1.5 * self.heartbeat_s)
-
-    def _settle(self, now: float) -> None:
-        quiet_s = self._quiet_s()
-        if self.heartbeat_s <= HEARTBEAT_FLOOR_S:
-            silent = any(
-                not (p.finished or p.stopped or p.lost)
-                and (s := now - p.last_heartbeat_at) > 0.5
-                and (s > quiet_s or (p.pod, p.pid) in self.streams_broken)
-                for p in self.pods.values()
-            )
-        else:  # the agents silent that long were counted by the last full check
-            silent = self.long_silent or any(
-                not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
-                for p in self._broken_stream_pods()
-            )
-        self.detector, faults = self.detector.settle(now, agent_silent=silent, gather_s=GATHER_S)
-        self.faults_detected(faults, now)
-
     def _stragglers(self, now: float) -> None:
-        """A node whose ranks compute slower than their peers' is a sub-health fault; not
-        watched while an incident is handled (the steps of a recovery are not compared)."""
-        if self.incident is not None or self.outcome is not None:
-            return
-        node_of: dict[int, str] = {}
-        pod_of: dict[int, str] = {}
-        for pod in self.pods.values():
-            if not (pod.finished or pod.stopped or pod.lost):
-                for rank in pod.rank_pids:
-                    node_of[rank], pod_of[rank] = pod.node, pod.pod
-        for fault in self.stragglers.poll(now, self.ranks, node_of, pod_of):
-            self.fault_detected(fault, now)
+        """Not watched while an incident is handled (its steps are not compared)."""
+        if self.incidents.open is None and self.outcome is None:
+            pods = [p for p in self.engine.pods.values() if not (p.finished or p.stopped or p.lost)]
+            for fault in self.stragglers.poll_pods(now, self.gens.ranks, pods):
+                self.fault_detected(fault, now)
 
     def fault_detected(self, fault: Fault, now: float) -> None:
         self.faults_detected((fault,), now)
@@ -842,8 +664,8 @@ class JobManager:
         if not found:
             return
         # The newest commit heard of, once for all (80k ranks at 10k nodes).
-        newest = max((v.committed for v in self.ranks.values()), default=self.progress_step)
-        faults = [self._record_fault(f, now, newest) for f in found]
+        newest = max((v.committed for v in self.gens.ranks.values()), default=self.progress_step)
+        faults = [self.incidents.record(f, now, newest) for f in found]
         stopping = [f for f in faults if f.level.stops_training]
         together = len(stopping) > 1
         for fault in faults:
@@ -853,247 +675,105 @@ class JobManager:
                 continue
             self._decide([fault], now, newest)
 
-    def _record_fault(self, fault: Fault, now: float, newest: int) -> Fault:
-        if fault.kind in (FaultKind.DEVICE, FaultKind.DEVICE_MEMORY, FaultKind.STRESS_TEST):
-            fault = escalate(fault, self.history, now, self.codes)
-        self.history.append(fault)
-        self.n_faults += 1
-        # The step a rank said it failed; else the newest commit heard of (reports of commits
-        # may still be on their way when a fault is detected at once).
-        step = fault.step if fault.step is not None else newest
-        fault_id = f"f{self.n_faults}"
-        self.ledger.record(
-            FaultDetected(
-                fault_id=fault_id,
-                source=str(fault.kind),
-                code=fault.code,
-                level=str(fault.level),
-                occurred_at=fault.at,
-                step=step,
-                pods=(fault.pod,) if fault.pod else (),
-                nodes=(fault.node,) if fault.node else (),
-                ranks=fault.ranks,
-                detail=fault.detail[-2000:],
-            ),
-            at=now,
-        )
-        self.console.line(
-            f"fault {fault_id}: {fault.describe()}"
-            + (f": {fault.detail.splitlines()[0]}" if fault.detail else "")
-        )
-        if self.incident is None:
-            self.incident = Incident(fault_id=fault_id, fault=fault, step_at_fault=step)
-        return fault
-
     def _decide(self, faults: Sequence[Fault], now: float, newest: int) -> None:
         first = faults[0]
         step = first.step if first.step is not None else newest
+        found = feasibility(
+            self.job,
+            faults,
+            now,
+            generations=self.gens,
+            inprocess=self.inprocess,
+            elastic=self.elastic,
+            pool=self.pool,
+        )
         self.executor.policy(
-            PolicyFault(
+            FaultReported(
                 fault=first,
-                feasibility=self.feasibility(faults, now),
+                feasibility=found,
                 progress_step=max(step, self.progress_step),
                 together=tuple(faults[1:]),
             ),
             now,
         )
 
-    def feasibility(self, faults: Sequence[Fault], now: float) -> Feasibility:
-        """What is possible now, as the policy needs it (see :class:`Feasibility`).
-
-        Unbroken assumes data parallelism: every rank holds a full replica of the model and
-        optimizer (DDP). A replica of the lost state exists when a rank outside the fault is
-        alive and every worker can recover in process (its heartbeat says so). Such workers
-        never apply half a step: a failed collective skips the optimizer update, an update
-        that raised marks the rank suspect, and the repair takes the most advanced replica and
-        checks that every rank agrees (step and state digest) before training resumes; so
-        "outside the optimizer update" holds whenever in-process recovery does.
-        """
-        rank0_pod = self.job.pod_of_rank(0)
-        process_off = ""
-        if self.diverged_generation == self.generation:
-            process_off = "replicas diverged, so no replica can be trusted"
-        elif not self.executor.in_process_recovery():
-            off = sorted(r for r, v in self.ranks.items() if not v.recoverable)
-            process_off = (
-                f"rank(s) {_some(off)} cannot be repaired in process (their "
-                "logs say why: no DDP model, one rank, or a DDP configuration it refuses)"
-                if off
-                else ""
-            )
-        in_process = (
-            not process_off
-            and self.executor.in_process_recovery()
-            and self.executor.healthy_rank_left(faults)
-        )
-        elastic_off = self.executor.elastic_refusal(faults) or ""
-        pods = {f.pod for f in faults if f.pod is not None}
-        return Feasibility(
-            process_off=process_off,
-            replica_for_lost_state=in_process,
-            outside_update=in_process,
-            spare_node_free=self.executor.spare_node_free(max(1, len(pods))),
-            fault_age_s=max(0.0, now - min(f.at for f in faults)),
-            rank0_pod_faulty=rank0_pod in pods,
-            pod_schedulable=self.executor.schedulable(faults),
-            pod_may_pend=self.executor.may_pend(faults),
-            elastic_possible=in_process and not elastic_off,
-            elastic_off=elastic_off,
-        )
-
     def _phases(self, now: float, scan: bool = True) -> None:
-        gen = self.generation
-        if not scan and all(self.phases_done.get(k) == gen for k in ("comm", "state", "first")):
-            return  # the generation trains: its progress is read at the next scan
-        world_size = self.executor.world_size()  # smaller while an elastic job is scaled in
-        if len(self.ranks) < world_size:
+        """Record what the generation reached; its first commit ends what it carried out."""
+        world_size = self.elastic.world_size  # smaller while an elastic job is scaled in
+        ledger, console, inc = self.ledger, self.console, self.incidents
+        for m in self.milestones.reached(self.gens, world_size, scan):
+            match m:
+                case CommReady(generation=gen, at=at):
+                    ledger.record(CommunicationReady(generation=gen, world_size=world_size), at=at)
+                case Loaded(generation=gen, step=start, source=source, at=at):
+                    ledger.record(StateLoaded(generation=gen, step=start, source=source), at=at)
+                    if inc.open is not None:
+                        console.line(f"generation {gen}: state loaded at step {start} ({source})")
+                case FirstCommit(generation=gen, step=first, resumed=resumed, at=at):
+                    ledger.record(FirstStepCommitted(generation=gen, step=first), at=at)
+                    self._first_commit(gen, first, resumed, at, now)
+                case Progress(generation=gen, step=step, step_time_s=step_s):
+                    ledger.record(
+                        StepProgress(
+                            generation=gen,
+                            step=step,
+                            step_time_s=step_s,
+                            rank_step_times_s=m.rank_step_times_s,
+                        )
+                    )
+                    total = f"/{self.job.total_steps}" if self.job.total_steps else ""
+                    console.line(
+                        f"step {step}{total} (generation {gen}, {step_s * 1000:.0f} ms/step)"
+                    )
+
+    def _first_commit(self, gen: int, first: int, resumed: int, at: float, now: float) -> None:
+        self.stress.resumed(gen, at, first)
+        self.executor.committed(gen, at, first)
+        rung = self.gens.rung_of(gen)
+        if self.incidents.open is None:
             return
-        ph = self.phase_watch.phases(
-            self.ranks, world_size, gen, self.generation_began.get(gen, 0.0)
-        )
-        if ph.comm_ready_at and self.phases_done.get("comm") != gen:
-            self.phases_done["comm"] = gen
-            self.ledger.record(
-                CommunicationReady(generation=gen, world_size=world_size),
-                at=ph.comm_ready_at,
-            )
-        if ph.state_loaded_at and self.phases_done.get("state") != gen:
-            self.phases_done["state"] = gen
-            if gen in self.replica_step:  # in-process recovery: state from a replica
-                start, source = self.replica_step[gen], StateSource.REPLICA
-            else:
-                start = ph.start_step if ph.start_step is not None else 0
-                source = StateSource.CHECKPOINT if start > 0 else StateSource.INITIAL
-            self.ledger.record(
-                StateLoaded(generation=gen, step=start, source=source), at=ph.state_loaded_at
-            )
-            if self.incident is not None:
-                self.console.line(f"generation {gen}: state loaded at step {start} ({source})")
-        if ph.first_commit_at and self.phases_done.get("first") != gen:
-            self.phases_done["first"] = gen
-            resumed = self.replica_step.get(gen, ph.start_step or 0)
-            first = resumed + 1
-            self.ledger.record(
-                FirstStepCommitted(generation=gen, step=first), at=ph.first_commit_at
-            )
-            self.stress.resumed(gen, ph.first_commit_at, first)
-            self.executor.generation_committed(gen, ph.first_commit_at, first)
-            rung = self.executor.rung_of(gen)
-            if self.incident is not None and self.executor.stale(rung):
-                # A rung given up began this generation; the rung now carried out will
-                # begin its own, whose first commit ends the incident.
-                log.info("generation %d committed, but its rung %s was given up", gen, rung)
-            elif self.incident is not None:
-                inc = self.incident
-                self.incident = None
-                self.n_recoveries += 1
-                mttr = ph.first_commit_at - inc.fault.at
-                self.ledger.record(
-                    RecoveryCompleted(
-                        fault_id=inc.fault_id,
-                        strategy=inc.strategy,
-                        generation=gen,
-                        step=first,
-                        phases_s={"mttr": mttr},
-                    ),
-                    at=ph.first_commit_at,
-                )
-                lost = max(0, inc.step_at_fault - resumed)
-                self.console.line(
-                    f"recovered from {inc.fault_id} by {inc.strategy}: MTTR {mttr:.2f} s, "
-                    f"{lost} steps recomputed, generation {gen}"
-                )
-                self.executor.switch_done(gen, ph.first_commit_at, first)
-                self.executor.policy(
-                    PolicyRecovered(at=ph.first_commit_at, generation=rung),
-                    now,
-                )
-        if not scan:
-            return  # progress, a pass over every rank, is read at the scans of a large job
-        step = committed_step(self.ranks.values())
-        every = self.opt.progress_every
-        if step // every > self.progress_step // every:
-            self.ledger.record(
-                StepProgress(
-                    generation=gen,
-                    step=step,
-                    step_time_s=median_step_time(self.ranks.values()),
-                    rank_step_times_s=tuple(
-                        self.ranks[r].step_time_s if r in self.ranks else 0.0
-                        for r in range(self.job.world_size)
-                    ),
-                )
-            )
-            total = f"/{self.job.total_steps}" if self.job.total_steps else ""
-            self.console.line(
-                f"step {step}{total} (generation {gen}, "
-                f"{median_step_time(self.ranks.values()) * 1000:.0f} ms/step)"
-            )
-        self.progress_step = max(self.progress_step, step)
+        if self.executor.stale(rung):
+            # A rung given up began this generation; the rung now carried out will begin its
+            # own, whose first commit ends the incident.
+            log.info("generation %d committed, but its rung %s was given up", gen, rung)
+            return
+        self.incidents.recovered(gen, first, resumed, at)
+        self.hotswitch.done(gen, at, first)
+        self.executor.policy(RungSucceeded(at=at, generation=rung), now)
+
+    @property
+    def progress_step(self) -> int:
+        """The highest step every rank has committed, over the whole run."""
+        return self.milestones.progress_step
 
     # ---- status -----------------------------------------------------------------------
     def _write_status(self, now: float, force: bool = False) -> None:
         if not force and now < self.next_status_at:
             return
         self.next_status_at = now + max(0.5, self.scan_s)
-        if self.outcome is not None:
-            phase = JobPhase.SUCCEEDED if self.outcome.succeeded else JobPhase.FAILED
-        elif self.incident is not None:
-            phase = JobPhase.RECOVERING
-        elif len(self.ranks) == self.executor.world_size():
-            phase = JobPhase.RUNNING
-        else:
-            phase = JobPhase.PENDING
-        pods = []
-        for name in (p.name for p in self.job.pods):
-            proc = self.pods.get(name)
-            binding = self.executor.cluster.bindings.get(name)
-            pids = proc.rank_pids if proc else {}
-            pods.append(
-                PodStatus(
-                    name=name,
-                    node=binding.node if binding else "",
-                    devices=binding.devices if binding else (),
-                    ranks=tuple(sorted(pids)),
-                    pids=tuple(pids[r] for r in sorted(pids)),
-                )
-            )
+        out = self.outcome
         self.ledger.set_status(
-            JobStatus(
-                job=self.job.job_id,
-                phase=phase,
-                generation=self.generation,
+            job_status(
+                self.job,
+                ended=None if out is None else (out.succeeded, out.reason),
+                incident=self.incidents.open,
+                pending_reason=self.engine.pending_reason,
+                scaled_in=self.elastic.scaled_in_message(),
+                world_size=self.elastic.world_size,
+                generations=self.gens,
                 step=self.progress_step,
-                total_steps=self.job.total_steps,
-                pods=tuple(pods),
+                pods=self.engine.pods,
+                bindings=self.pool.cluster.bindings,
                 started_at=self.started_at,
-                updated_at=now,
-                faults=self.n_faults,
-                recoveries=self.n_recoveries,
-                message=self.outcome.reason
-                if self.outcome
-                else self.pending_reason
-                if self.pending_reason
-                else (
-                    f"recovering from {self.incident.fault_id} ({self.incident.strategy})"
-                    if self.incident
-                    else self._scaled_in_message()
-                ),
+                now=now,
+                faults=self.incidents.n_faults,
+                recoveries=self.incidents.n_recoveries,
             )
-        )
-
-    def _scaled_in_message(self) -> str:
-        el = self.executor.elastic
-        if not el.shrunk:
-            return ""
-        return (
-            f"scaled in: world size {el.world_size} of {self.job.world_size} "
-            f"({', '.join(el.dropped_pods)} dropped); scales out when a node is free"
         )
 
     # ---- fault injection (unbroken.chaos.injector) ------------------------------------
     def _chaos(self, now: float) -> None:
-        for c in due(self.chaos, self.fired_chaos, now - self.started_at, self.progress_step):
+        for c in due(self.ctx.chaos, self.fired_chaos, now - self.started_at, self.progress_step):
             self.fired_chaos.add(c.index)
             at = self.clock()
             try:
@@ -1106,65 +786,12 @@ class JobManager:
             except ValueError as exc:
                 self.console.line(f"chaos: faults[{c.index}] not injected: {exc}")
 
+    def _inject(self, body: Mapping[str, Any]) -> str:
+        """``unbroken inject``: the fault is injected and recorded; returns what was done."""
+        at = self.clock()
+        detail = self.injector.request(body)
+        self._record_injected(at, str(body["kind"]), detail)
+        return detail
+
     def _record_injected(self, at: float, kind: str, detail: str) -> None:
         self.ledger.record_raw("FaultInjected", {"fault": kind, "detail": detail}, at=at)
-
-    @property
-    def world_size(self) -> int:
-        return self.job.world_size
-
-    @property
-    def nodes(self) -> Sequence[str]:
-        return self.cl.nodes
-
-    @property
-    def devices_per_node(self) -> int:
-        return self.cl.devices_per_node
-
-    def rank_targets(self) -> Mapping[int, RankTarget]:
-        return {
-            r: RankTarget(rank=r, pid=v.pid, pod=self.job.pod_of_rank(r), alive=v.alive)
-            for r, v in self.ranks.items()
-        }
-
-    def pod_names(self) -> Sequence[str]:
-        return list(self.pods)
-
-    def store_ports(self) -> tuple[int, ...]:
-        return (self.master_port, self.job.master_port or 0)
-
-    def return_node(self, node: str) -> str:
-        return self.executor.return_node(node)
-
-    def signal_rank(self, rank: int, pid: int, sig: int) -> None:
-        """A rank of a pod on a joined host is signalled by that host's agent (its pid is that
-        host's); any other here."""
-        pod = self.pods.get(self.job.pod_of_rank(rank) or "")
-        registry = self.executor.remote_nodes
-        if registry is not None and pod is not None:
-            registry.order(pod.node, {"kind": "signal", "pid": pid, "sig": int(sig)})
-            return
-        os.kill(pid, sig)
-
-    def node_pids(self, node: str) -> list[int]:
-        return [
-            pid
-            for p in self.pods.values()
-            if p.node == node and p.alive
-            for pid in (p.proc.pid, *p.rank_pids.values())
-        ]
-
-    def take_node_down(self, node: str) -> int:
-        killed: list[int] = []
-        for p in self.pods.values():
-            if p.node == node and p.alive:
-                killed += p.kill_all()
-        self.executor.end_spare(node)
-        return len(killed)
-
-
-def _some(items: Sequence[int], shown: int = 16) -> str:
-    """``items`` for a reason: the first ``shown`` and how many in all (a decision's reason at
-    10k nodes listed 300 ranks)."""
-    head = ", ".join(map(str, items[:shown]))
-    return head if len(items) <= shown else f"{head}, ... ({len(items)} in all)"

@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unbroken.agent.image import Image, OwnChild
+from unbroken.agent.children import OwnChild
+from unbroken.agent.image import Image
 from unbroken.protocol.messages import JoinFrom
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,10 @@ Process-level recovery cannot be done in one go: the healthy ranks first stop at
 boundary (``pause``), and only once they all did is the replica source and its step known
 exactly (rather than from a heartbeat of a moment ago). So:
 
-- :class:`Rejoin` (``retry``, ``recover-in-place``, ``recover``, a hot switch): waits until
+- :class:`PendingRejoin` (``retry``, ``recover-in-place``, ``recover``, a hot switch): waits until
   every healthy rank stopped (or :data:`STOP_TIMEOUT_S` passed), then says :class:`RejoinFrom`
   the most advanced replica, or :class:`NoReplica`. ``recover`` and a hot switch carry the
-  :class:`Replacement` pod to start once the rejoin goes out; a hot switch also names the
+  :class:`Newcomers` pod to start once the rejoin goes out; a hot switch also names the
   ``leaving`` ranks (the sub-healthy pod's): healthy, so they stop at the step boundary with
   the others, but never the source, since they do not join the new generation;
 - :class:`LastWords` (``dump``): waits for the healthy ranks to stop, then asks the most
@@ -18,7 +18,8 @@ exactly (rather than from a heartbeat of a moment ago). So:
 
 Every rung value carries ``rung``, the policy generation of the rung it carries out, so the
 outcome events it causes name it (a stale outcome of a rung given up is ignored by the
-policy). The executor (:mod:`unbroken.manager.executor`) sends the orders and keeps the value.
+policy). The in-process rungs (:mod:`unbroken.manager.inprocess`) send the orders and keep the
+value; the executor (:mod:`unbroken.manager.executor`) polls them.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Wait:
 
 # ---- rejoin ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Replacement:
+class Newcomers:
     """``recover``: the pod placed on a spare node, whose agent starts once the rejoin is out
     and whose ranks take their state from the replica."""
 
@@ -81,7 +82,7 @@ class Replacement:
 
 
 @dataclass(frozen=True)
-class Rejoin:
+class PendingRejoin:
     """Healthy ranks pausing before they rejoin; ``replace``: ranks given new processes per
     pod; ``lost``: ranks whose state cannot be a replica; pods in ``skip_pods`` take no part;
     ``leaving``: ranks that stop with the others but leave the job (a hot switch's old pod),
@@ -92,7 +93,7 @@ class Rejoin:
     skip_pods: tuple[str, ...]
     deadline_at: float
     rung: int | None
-    replacement: Replacement | None = None
+    replacement: Newcomers | None = None
     leaving: frozenset[int] = frozenset()
 
 
@@ -112,7 +113,7 @@ class NoReplica:
 
 
 def advance_rejoin(
-    r: Rejoin, ranks: Iterable[RankSeen], now: float
+    r: PendingRejoin, ranks: Iterable[RankSeen], now: float
 ) -> Wait | RejoinFrom | NoReplica:
     seen = list(ranks)
     healthy = [v for v in seen if v.rank not in r.lost and v.alive and v.pod not in r.skip_pods]

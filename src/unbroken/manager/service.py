@@ -31,16 +31,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from unbroken.protocol.hosts import JOIN, NODE_ORDERS, NODE_POD
 from unbroken.protocol.messages import COMMANDS, HEARTBEAT, HELLO, REPORT, Order, encode_order
 from unbroken.rpc import ControlServer
 
 JsonObj = dict[str, Any]
 
-#: A host's agent (``unbroken launch --join``) registers its node, then follows its orders.
-JOIN = "NodeJoin"
-NODE_ORDERS = "NodeOrders"
-#: A host's agent says a process it started for a pod started (with its pid) or exited.
-NODE_POD = "NodePod"
 #: The server tells the manager an agent's order stream opened or ended (never sent by a peer).
 STREAM_OPENED = "StreamOpened"
 STREAM_CLOSED = "StreamClosed"
@@ -335,3 +331,17 @@ def build_server(
         # A thread per host's open order stream, and 32 for the hosts' other calls.
         max_workers=commands.streams + 32,
     )
+
+
+def answer(msg: Inbound, act: Callable[[], dict[str, Any]]) -> None:
+    """Answer a command from outside: what ``act`` returns, or the ``ValueError`` it raised
+    as the refusal."""
+    assert msg.reply is not None
+    try:
+        msg.reply.put({"ok": True, **act()})
+    except ValueError as exc:
+        msg.reply.put({"ok": False, "error": str(exc)})
+
+
+def refused(reason: str) -> dict[str, Any]:
+    raise ValueError(reason)

@@ -12,9 +12,10 @@ afresh, so the old node's slow steps are not held against the new one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from unbroken.faults import Fault, FaultKind, FaultLevel
+from unbroken.manager.pods import PodProcess
 from unbroken.manager.progress import RankView
 from unbroken.policy.straggler import StragglerKnobs, StragglerTracker
 
@@ -73,3 +74,15 @@ class StragglerWatch:
                 )
             )
         return faults
+
+    def poll_pods(
+        self, now: float, ranks: Mapping[int, RankView], pods: Iterable[PodProcess]
+    ) -> list[Fault]:
+        """:meth:`poll` over the ranks of ``pods`` (those running): a node whose ranks compute
+        slower than their peers' is a sub-health fault."""
+        node_of: dict[int, str] = {}
+        pod_of: dict[int, str] = {}
+        for pod in pods:
+            for rank in pod.rank_pids:
+                node_of[rank], pod_of[rank] = pod.node, pod.pod
+        return self.poll(now, ranks, node_of, pod_of)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from unbroken.faults import Fault, FaultKind, FaultLevel
 from unbroken.ledger import (
@@ -47,9 +47,13 @@ from unbroken.ledger import (
     StressTestFinished,
 )
 from unbroken.manager.console import Console
+from unbroken.manager.context import Context
+from unbroken.manager.engine import Engine
+from unbroken.manager.generations import Generations
+from unbroken.manager.inprocess import InProcess
 from unbroken.manager.layout import JobLayout
-from unbroken.manager.progress import committed_step
-from unbroken.manager.rungs import STOP_TIMEOUT_S, RankSeen
+from unbroken.manager.pool import Pool
+from unbroken.manager.rungs import STOP_TIMEOUT_S, RankSeen, Wait
 from unbroken.policy.stress import StressVerdict, judge
 from unbroken.protocol.messages import PauseRanks, StressRanks
 from unbroken.protocol.stress import (
@@ -59,9 +63,6 @@ from unbroken.protocol.stress import (
     decode_result,
     result_key,
 )
-
-if TYPE_CHECKING:
-    from unbroken.manager.job import JobManager
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +87,6 @@ class StressRun:
     tested_at: float = 0.0
     code: StressCode = StressCode.OK
     recovered: bool = False
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Nothing to do yet."""
 
 
 @dataclass(frozen=True)
@@ -445,61 +441,75 @@ class StressTester:
 
 
 class ManagerStressHost:
-    """:class:`StressHost` over the job manager and its executor."""
+    """:class:`StressHost` over the job manager's parts; faults found go to ``report`` (the
+    manager's loop, which records and decides them)."""
 
-    def __init__(self, manager: JobManager) -> None:
-        self.m = manager
+    def __init__(
+        self,
+        ctx: Context,
+        generations: Generations,
+        engine: Engine,
+        pool: Pool,
+        inprocess: InProcess,
+        busy: Callable[[], str],
+        finished: Callable[[], bool],
+        rejoin: Callable[[float], None],
+        report: Callable[[Fault, float], None],
+    ) -> None:
+        self.ctx = ctx
+        self.gens = generations
+        self.engine = engine
+        self.pool = pool
+        self.inprocess = inprocess
+        self._busy = busy
+        self._finished = finished
+        self._rejoin = rejoin
+        self._report = report
 
     @property
     def generation(self) -> int:
-        return self.m.generation
+        return self.gens.current
 
     @property
     def finished(self) -> bool:
-        return self.m.finished
+        return self._finished()
 
     def busy(self) -> str:
-        ex = self.m.executor
-        if self.m.incident is not None:
-            return f"recovery from {self.m.incident.fault_id} is under way"
-        if ex.pending_rejoin is not None or ex.pending_dump is not None or ex.switch is not None:
-            return "the ranks are being regrouped"
-        if ex.unplaced:
-            return "pods wait to be placed"
-        if ex.elastic.shrunk or ex.elastic.scaling is not None:
-            return "the job is scaled in (elastic training): not every pod runs"
-        return ""
+        return self._busy()
 
     def ranks_seen(self) -> Mapping[int, RankSeen]:
-        return self.m.executor.ranks_seen()
+        return self.inprocess.seen()
 
     def recoverable(self) -> bool:
-        return self.m.executor.in_process_recovery()
+        return self.inprocess.recoverable()
 
     def committed(self) -> int:
-        return committed_step(self.m.ranks.values()) if self.m.ranks else 0
+        return self.gens.committed()
 
     def pod_agents(self) -> Mapping[str, int]:
-        return {p.pod: p.pid for p in self.m.pods.values() if p.alive and not p.lost}
+        return {p.pod: p.pid for p in self.engine.running()}
 
     def send(self, pod: str, pid: int, order: PauseRanks | StressRanks) -> None:
-        self.m.commands.send(pod, pid, order)
+        self.ctx.commands.send(pod, pid, order)
 
     def open_store(self) -> tuple[Any, int]:
-        store = self.m.host_store(0)
+        store = self.engine.host_store(0)
         return store, int(store.port)
 
     def where(self, rank: int) -> tuple[str, str, int | None]:
-        pod = self.m.job.pod_of_rank(rank) or ""
-        binding = self.m.executor.cluster.bindings.get(pod)
+        job = self.ctx.job
+        pod = job.pod_of_rank(rank) or ""
+        binding = self.pool.binding(pod)
         if not pod or binding is None:
             return pod, "", None
-        local = rank - min(self.m.job.ranks_of(pod))
+        local = rank - min(job.ranks_of(pod))
         devices = binding.devices
         return pod, binding.node, devices[local] if local < len(devices) else None
 
     def rejoin_in_place(self, now: float) -> None:
-        self.m.executor.rejoin_in_place(now)
+        """Every rank, stopped at a step boundary, rejoins a new generation in its own
+        process with its own state."""
+        self._rejoin(now)
 
     def fault_detected(self, fault: Fault, now: float) -> None:
-        self.m.fault_detected(fault, now)
+        self._report(fault, now)

@@ -8,7 +8,7 @@ steps (stop, then start off the isolated nodes). Behind the interface:
 - Kubernetes: :class:`unbroken.operator.kube.KubePods` (stop: mark the pods and delete them with
   the grace period; start: create them from the plan with a node affinity off the isolated
   nodes; a pod still terminating is created when its deletion is seen).
-- The local engine: :class:`unbroken.manager.executor.LocalPods` (stop: order each pod's agent
+- The local engine: :class:`unbroken.manager.engine.LocalPods` (stop: order each pod's agent
   to stop, kill what is left, free its devices; start: place the pods on the embedded cluster,
   whose state already keeps them off isolated nodes, start their agents, and have the other
   pods' ranks restart in place into the new generation).

@@ -8,16 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_manager_component import (
+from tests.support.manager_job import (
     PODS,
     T0,
-    Job,
+    WAIT_S,
     ScriptedAgent,
-    _job,
-    placement_as_edges,
+    elastic_job,
+    lose_node_1,
+    return_node,
+    wait_s,
 )
 
-from unbroken.manager.elastic import ElasticState
 from unbroken.protocol.heartbeat import Phase
 from unbroken.protocol.messages import (
     AgentHello,
@@ -27,52 +28,17 @@ from unbroken.protocol.messages import (
     RejoinRanks,
     decode_answer,
 )
-from unbroken.spec.knobs import Strategy
 
 pytestmark = pytest.mark.component
-
-WAIT_S = 270.0  # wait-reschedule-timeout's default
-
-
-def _elastic_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Job, list[tuple[str, str, int]]]:
-    """The two-pod job on exactly two nodes with recover and elastic-training, the worker pod
-    allowed to be dropped; stopping and starting agents are edges (recorded, no processes)."""
-    job = _job(tmp_path, monkeypatch, Strategy.RECOVER, Strategy.ELASTIC_TRAINING, nodes=2)
-    ex = job.m.executor
-    ex.elastic = ElasticState(ex.job, 1)
-    started = placement_as_edges(job, monkeypatch)
-    # The lost node's processes are an edge too: nothing to kill here.
-    monkeypatch.setattr(job.m.pods[PODS[1]], "kill_all", lambda: [])
-    return job, started
-
-
-def _lose_node_1(job: Job) -> None:
-    """node-1's agent goes silent; the master pod's ranks fail their step and stop."""
-    a0, _ = job.agents
-    for _ in range(60):
-        a0.beat(Phase.STOPPING, committed=10)
-        job.tick(0.1)
-        if job.events("DecisionMade"):
-            return
-    raise AssertionError("the lost node was never decided on")
-
-
-def _wait(job: Job, seconds: float, committed: int = 10) -> None:
-    a0, _ = job.agents
-    for _ in range(int(seconds)):
-        a0.beat(Phase.STOPPING, committed=committed)
-        job.tick(1.0)
 
 
 def test_no_room_pends_then_scales_in_and_scales_out_when_room_is_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job, started = _elastic_job(tmp_path, monkeypatch)
+    job, started = elastic_job(tmp_path, monkeypatch)
     a0, _ = job.agents
-    ex = job.m.executor
-    _lose_node_1(job)
+    el = job.m.elastic
+    lose_node_1(job)
     (decision,) = job.events("DecisionMade")
     assert decision["strategy"] == "elastic-training", decision
     assert decision["commands"] == [
@@ -80,11 +46,11 @@ def test_no_room_pends_then_scales_in_and_scales_out_when_room_is_back(
         f"ScaleIn(pod='{PODS[1]}', ranks=(2, 3), wait_s={WAIT_S})",
     ]
     # The pod pends for room: nothing is decided for the others yet.
-    _wait(job, WAIT_S - 5)
-    assert ex.pending_room is not None and not job.events("ScaledIn")
+    wait_s(job, WAIT_S - 5)
+    assert el.pending_room is not None and not job.events("ScaledIn")
     assert [o for o in a0.orders() if isinstance(o, RejoinRanks)] == []
-    _wait(job, 10)
-    assert ex.pending_room is None and ex.world_size() == 2
+    wait_s(job, 10)
+    assert el.pending_room is None and el.world_size == 2
     a0.beat(Phase.STOPPING, committed=10)
     job.tick()
     rejoin = [o for o in a0.orders() if isinstance(o, RejoinRanks)]
@@ -103,11 +69,11 @@ def test_no_room_pends_then_scales_in_and_scales_out_when_room_is_back(
         11,
     )
     assert job.events("CommunicationReady")[-1]["world_size"] == 2
-    assert job.m.incident is None and started == []
+    assert job.m.incidents.open is None and started == []
     assert "scaled in: world size 2 of 4" in job.m.ledger.status().message  # type: ignore[union-attr]
 
     # node-1 is back: at the next step boundary the job scales out, the pod on node-1.
-    assert ex.return_node("node-1") == "node node-1 back in the pool"
+    assert return_node(job, "node-1") == "node node-1 back in the pool"
     a0.beat(Phase.TRAINING, committed=15)
     job.tick(1.0)
     assert a0.orders() == [PauseRanks()]
@@ -115,7 +81,7 @@ def test_no_room_pends_then_scales_in_and_scales_out_when_room_is_back(
     job.tick()
     assert a0.orders() == [RejoinRanks(2, 29502, source=0, step=16)]
     assert started == [(PODS[1], "node-1", 2)]
-    assert job.m.pods[PODS[1]].join == JoinFrom(source=0, step=16)
+    assert job.m.engine.pods[PODS[1]].join == JoinFrom(source=0, step=16)
     back = ScriptedAgent(job.m, PODS[1], 1100, (2, 3), generation=2)
     answer = decode_answer(back.send(AgentHello(pid=1100, node_rank=1, nproc=2)) or {})
     assert answer.ok and answer.join == JoinFrom(0, 16)
@@ -133,20 +99,20 @@ def test_no_room_pends_then_scales_in_and_scales_out_when_room_is_back(
         4,
         17,
     )
-    assert ex.world_size() == 4 and not ex.elastic.shrunk
+    assert el.world_size == 4 and not el.state.shrunk
 
 
 def test_room_within_the_wait_recovers_the_pod_instead_of_scaling_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job, started = _elastic_job(tmp_path, monkeypatch)
+    job, started = elastic_job(tmp_path, monkeypatch)
     a0, _ = job.agents
-    ex = job.m.executor
-    _lose_node_1(job)
-    _wait(job, 10)
-    ex.return_node("node-1")
-    _wait(job, 2)  # placed at one tick, the rejoin once the ranks stopped at the next
-    assert ex.pending_room is None and ex.world_size() == 4 and not job.events("ScaledIn")
+    el = job.m.elastic
+    lose_node_1(job)
+    wait_s(job, 10)
+    return_node(job, "node-1")
+    wait_s(job, 2)  # placed at one tick, the rejoin once the ranks stopped at the next
+    assert el.pending_room is None and el.world_size == 4 and not job.events("ScaledIn")
     rejoin = [o for o in a0.orders() if isinstance(o, RejoinRanks)]
     assert rejoin == [RejoinRanks(1, 29501, source=0, step=10)], rejoin
     assert started == [(PODS[1], "node-1", 1)]
@@ -155,9 +121,8 @@ def test_room_within_the_wait_recovers_the_pod_instead_of_scaling_in(
 def test_a_pod_that_would_leave_the_job_below_its_minimum_is_not_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job, _ = _elastic_job(tmp_path, monkeypatch)
-    job.m.executor.elastic = ElasticState(job.m.executor.job, 2)
-    _lose_node_1(job)
+    job, _ = elastic_job(tmp_path, monkeypatch, min_pods=2)
+    lose_node_1(job)
     decision = job.events("DecisionMade")[0]
     assert decision["strategy"] != "elastic-training", decision
     assert (

@@ -7,11 +7,19 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.manager_job import (
+    PODS,
+    T0,
+    Job,
+    ScriptedAgent,
+    device_event,
+    placement_as_edges,
+    scripted_job,
+)
 
 from unbroken.cli import main
 from unbroken.devices import (
@@ -21,13 +29,10 @@ from unbroken.devices import (
     SimProvider,
     inject_device_fault,
 )
-from unbroken.faults import CodeTable, FaultLevel
-from unbroken.ledger import Ledger
-from unbroken.manager.job import JobManager
-from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
-from unbroken.manager.pods import PodProcess
+from unbroken.faults import FaultLevel
+from unbroken.manager.layout import ManagerOptions
 from unbroken.manager.service import Inbound, build_server
-from unbroken.policy import Recovering, RecoveryFailed, RestartProcesses, Running
+from unbroken.policy import Recovering, RestartProcesses, RungFailed, Running
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.messages import (
@@ -35,216 +40,30 @@ from unbroken.protocol.messages import (
     AgentHello,
     EndRanks,
     JoinFrom,
-    Order,
     PauseRanks,
     RankExited,
     RankFailed,
     RankHung,
     RankProgress,
     RanksRejoined,
-    RanksStarted,
     RejoinRanks,
-    Report,
     RestartRanks,
-    Sender,
     WriteLastWords,
     decode_answer,
-    decode_order,
-    encode_report,
-    method_of,
 )
 from unbroken.scheduler import Binding
 from unbroken.spec.knobs import (
-    FaultHandling,
-    FaultScheduling,
-    ProcessRecover,
     Strategy,
     SubHealthyStrategy,
 )
 
 pytestmark = pytest.mark.component
 
-T0 = 1767225600.0
-PODS = ("job-worker-0", "job-worker-1")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> float:
-        self.t += dt
-        return self.t
-
-
-@dataclass
-class FakeAgentProcess:
-    pid: int
-
-    def poll(self) -> int | None:
-        return None
-
-
-@dataclass
-class ScriptedAgent:
-    """One pod's agent, as the manager sees it: the reports it sends, the orders it gets."""
-
-    m: JobManager
-    pod: str
-    pid: int
-    ranks: tuple[int, ...]
-    generation: int = 0
-    rank_pids: dict[int, int] = field(default_factory=dict)
-
-    def send(self, report: Report) -> dict[str, Any] | None:
-        sender = Sender(self.pod, self.pid, self.generation, self.m.clock())
-        reply: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.m._handle_one(Inbound(method_of(report), encode_report(sender, report), reply))
-        return None if reply.empty() else reply.get_nowait()
-
-    def orders(self) -> list[Order]:
-        q = self.m.commands.of(self.pod, self.pid)
-        out = []
-        while not q.empty():
-            out.append(decode_order(q.get_nowait()))
-        return out
-
-    def beat(self, phase: Phase, committed: int, **stamps: float) -> None:
-        now = self.m.clock()
-        rows = tuple(
-            RankProgress(
-                rank=r,
-                pid=self.rank_pids[r],
-                alive=True,
-                record=HeartbeatRecord(
-                    pid=self.rank_pids[r],
-                    rank=r,
-                    generation=self.generation,
-                    phase=phase,
-                    tick_at=now,
-                    step=committed,
-                    committed=committed,
-                    committed_at=now,
-                    start_step=stamps.get("start_step", 0),  # type: ignore[arg-type]
-                    recoverable=1,
-                    comm_ready_at=stamps.get("ready_at", T0 + 1),
-                    state_loaded_at=stamps.get("ready_at", T0 + 1),
-                    first_commit_at=stamps.get("ready_at", T0 + 1) + 0.5,
-                    compute_time_s=stamps.get("compute_s", 0.0),
-                ),
-            )
-            for r in self.ranks
-            if r in self.rank_pids
-        )
-        self.send(AgentHeartbeat(ranks=rows))
-
-
-@dataclass
-class Job:
-    m: JobManager
-    clock: Clock
-    agents: tuple[ScriptedAgent, ScriptedAgent]
-
-    def tick(self, dt: float = 0.05) -> None:
-        self.m._tick(self.clock.advance(dt))
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        return [r.data for r in self.m.ledger.events(kinds=[kind])]
-
-
-def placement_as_edges(job: Job, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
-    """Each pod bound to node-i, and stopping and starting agents made edges: a stop releases
-    the pod's binding, a start records (pod, node, generation) in the list returned and puts a
-    fake agent in its place; no processes."""
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
-    started: list[tuple[str, str, int]] = []
-
-    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:
-        for pod in pods:
-            ex.cluster = ex.cluster.release(pod)
-            job.m.pods.pop(pod, None)
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, node, gen))
-        job.m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ex, "_stop", stop)
-    monkeypatch.setattr(ex, "_start_agent", start_agent)
-    return started
-
-
-def _job(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    *strategies: Strategy,
-    sub_healthy: SubHealthyStrategy = SubHealthyStrategy.IGNORE,
-    nodes: int = 3,
-    offline_reset: bool = False,
-) -> Job:
-    monkeypatch.setenv("UNBROKEN_STANDBY", "0")  # no warm spare agents: no processes
-    layout = JobLayout(
-        job_id="job",
-        pods=tuple(PodLayout(name=p, node_rank=i, nproc=2) for i, p in enumerate(PODS)),
-        script="train.py",
-        script_args=(),
-        fault_handling=FaultHandling(
-            strategies=(*strategies, Strategy.EXIT),
-            fault_scheduling=FaultScheduling.GRACE,
-            process_recover=ProcessRecover.ON,
-            sub_healthy=sub_healthy,
-        ),
-        workdir=tmp_path,
-    )
-    clock = Clock()
-    m = JobManager(
-        layout,
-        ClusterLayout(
-            nodes=tuple(f"node-{i}" for i in range(nodes)),
-            devices_per_node=2,
-            offline_reset=offline_reset,
-        ),
-        tmp_path,
-        Ledger(tmp_path / "ledger.db"),
-        options=ManagerOptions(),
-        clock=clock,
-    )
-
-    def open_store(port: int = 0) -> None:  # the rendezvous store is an edge: no socket
-        m.master_port = 29500 + m.generation
-
-    monkeypatch.setattr(m, "open_store", open_store)
-    agents = []
-    for i, pod in enumerate(PODS):
-        m.pods[pod] = PodProcess(
-            pod=pod,
-            node=f"node-{i}",
-            generation=0,
-            proc=FakeAgentProcess(pid=1000 + i),  # type: ignore[arg-type]
-            started_at=T0,
-        )
-        agents.append(ScriptedAgent(m, pod, 1000 + i, layout.ranks_of(pod)))
-    job = Job(m, clock, (agents[0], agents[1]))
-    for a in job.agents:
-        answer = decode_answer(a.send(AgentHello(pid=a.pid, node_rank=0, nproc=2)) or {})
-        assert answer.ok and answer.generation == 0 and answer.join is None
-        a.rank_pids = {r: 2000 + r for r in a.ranks}
-        a.send(RanksStarted(pids=a.rank_pids, started_at=T0))
-        a.beat(Phase.TRAINING, committed=10)
-    job.tick()
-    assert job.events("FirstStepCommitted") and job.m.incident is None
-    return job
-
 
 def test_a_killed_rank_is_recovered_in_place_and_its_peers_are_not_blamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
     a0, a1 = job.agents
     # The peers' collectives fail first (echoes), then the killed rank's exit arrives.
     for a, rank in ((a0, 0), (a0, 1), (a1, 2)):
@@ -269,10 +88,10 @@ def test_a_killed_rank_is_recovered_in_place_and_its_peers_are_not_blamed(
     a1.rank_pids.pop(3)
     a1.beat(Phase.STOPPING, committed=10)
     job.tick()
-    assert job.m.generation == 1
+    assert job.m.gens.current == 1
     assert a0.orders() == [RejoinRanks(1, 29501, source=0, step=10, replace=())]
     assert a1.orders() == [RejoinRanks(1, 29501, source=0, step=10, replace=(3,))]
-    rung = job.m.executor.rung_of(1)
+    rung = job.m.gens.rung_of(1)
     state = job.m.executor.policy_state
     assert isinstance(state, Recovering) and state.generation == rung
 
@@ -293,7 +112,7 @@ def test_a_killed_rank_is_recovered_in_place_and_its_peers_are_not_blamed(
 def test_a_hung_rank_is_the_fault_not_the_peer_its_silence_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
     a0, a1 = job.agents
     a0.send(
         RankExited(
@@ -316,7 +135,7 @@ def test_a_hung_rank_is_the_fault_not_the_peer_its_silence_killed(
 def test_a_collective_failing_with_every_peer_alive_is_a_link_fault_retried_online(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, Strategy.RETRY, Strategy.RECOVER_IN_PLACE)
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RETRY, Strategy.RECOVER_IN_PLACE)
     a0, a1 = job.agents
     a1.send(RankFailed(2, 2002, StepFailure.COLLECTIVE, 10, job.clock()))
     job.tick(0.1)
@@ -334,9 +153,9 @@ def test_a_collective_failing_with_every_peer_alive_is_a_link_fault_retried_onli
 def test_reports_of_an_older_generation_are_echoes_of_a_fault_already_handled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE)
     a0, _ = job.agents
-    job.m.generation = 1  # as if a recovery had begun generation 1
+    job.m.gens.current = 1  # as if a recovery had begun generation 1
     a0.send(RankExited(rank=0, pid=2000, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
     job.tick(1.0)
     assert job.events("FaultDetected") == []
@@ -345,7 +164,7 @@ def test_reports_of_an_older_generation_are_echoes_of_a_fault_already_handled(
 def test_a_second_fault_starts_the_next_rung_and_the_first_rungs_outcomes_are_stale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE, Strategy.DUMP)
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE, Strategy.DUMP)
     a0, a1 = job.agents
     a1.send(RankExited(rank=3, pid=2003, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
     job.tick()
@@ -368,7 +187,7 @@ def test_a_second_fault_starts_the_next_rung_and_the_first_rungs_outcomes_are_st
     assert a1.orders() == [EndRanks((3,)), PauseRanks()]
 
     # An outcome of the rung given up changes nothing.
-    stale = RecoveryFailed(reason="late", at=job.clock(), generation=first.generation)
+    stale = RungFailed(reason="late", at=job.clock(), generation=first.generation)
     job.m.executor.policy(stale, job.clock())
     assert job.m.executor.policy_state == second
     assert len(job.events("DecisionMade")) == 2
@@ -399,36 +218,29 @@ def test_a_second_fault_starts_the_next_rung_and_the_first_rungs_outcomes_are_st
 
     # Then the restart the decision held back, in a generation that names the second rung.
     # (Each pod's restart command restarts every rank: the last generation is the one run.)
-    gen = job.m.generation
+    gen = job.m.gens.current
     restarts = [RestartRanks(generation=g, master_port=29500 + g) for g in (gen - 1, gen)]
     assert a0.orders() == restarts and a1.orders() == restarts
-    assert job.m.executor.rung_of(gen) == second.generation
+    assert job.m.gens.rung_of(gen) == second.generation
 
 
 def test_a_restart_in_place_starts_anew_a_pod_an_earlier_rung_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch)
+    job = scripted_job(tmp_path, monkeypatch)
     a0, _ = job.agents
     # An earlier rung stopped pod 1 and released its node (as a pod rescheduling does).
-    del job.m.pods[PODS[1]]
-    job.m.executor.cluster = job.m.executor.cluster.release(PODS[1])
-    started: list[tuple[str, int]] = []
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, gen))
-        job.m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(job.m.executor, "_start_agent", start_agent)
+    del job.m.engine.pods[PODS[1]]
+    job.m.pool.release([PODS[1]])
+    placement_as_edges(job, bind=False)
     a0.send(RankExited(rank=0, pid=2000, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
     job.tick()
     (decision,) = job.events("DecisionMade")
     assert decision["strategy"] == "process-restart"
     # The stopped pod is placed and started into the new generation; the other restarts
     # its ranks in place into the same one.
-    assert started == [(PODS[1], 1)] and job.m.generation == 1
+    started = [(pod, gen) for pod, _, gen in job.m.engine.started]  # type: ignore[attr-defined]
+    assert started == [(PODS[1], 1)] and job.m.gens.current == 1
     assert a0.orders() == [RestartRanks(generation=1, master_port=29501)]
     assert job.events("RecoveryFailed") == []
 
@@ -436,11 +248,12 @@ def test_a_restart_in_place_starts_anew_a_pod_an_earlier_rung_stopped(
 def _sub_healthy_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: int) -> Job:
     """The job with ``hotSwitch``, each pod bound to its node, device 1 of node-1 (rank 3's)
     turning sub-healthy."""
-    job = _job(tmp_path, monkeypatch, sub_healthy=SubHealthyStrategy.HOT_SWITCH, nodes=nodes)
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job = scripted_job(
+        tmp_path, monkeypatch, sub_healthy=SubHealthyStrategy.HOT_SWITCH, nodes=nodes
+    )
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     now = job.clock()
-    ex.device_event(DeviceFaulted("node-1", 1, "80E20207", "sub-healthy", now, now))
+    device_event(job, DeviceFaulted("node-1", 1, "80E20207", "sub-healthy", now, now))
     return job
 
 
@@ -450,23 +263,8 @@ def test_a_hot_switch_moves_the_pod_at_a_step_boundary_with_state_from_a_rank_th
     job = _sub_healthy_job(tmp_path, monkeypatch, nodes=3)
     a0, a1 = job.agents
     ex = job.m.executor
-    stopped: list[tuple[str, ...]] = []
-    started: list[tuple[str, str, int]] = []
-
-    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:  # processes are an edge
-        stopped.append(pods)
-        for pod in pods:
-            ex.cluster = ex.cluster.release(pod)
-            del job.m.pods[pod]
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, node, gen))
-        job.m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ex, "_stop", stop)
-    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    started = placement_as_edges(job, bind=False)
+    stopped = job.m.engine.stopped  # type: ignore[attr-defined]
     (decision,) = job.events("DecisionMade")
     assert decision["strategy"] == "hot-switch"
     assert decision["commands"] == [f"HotSwitch(pod='{PODS[1]}', node='node-1', device=1)"]
@@ -480,10 +278,10 @@ def test_a_hot_switch_moves_the_pod_at_a_step_boundary_with_state_from_a_rank_th
     a1.beat(Phase.STOPPING, committed=11)
     job.tick()
     assert stopped == [(PODS[1],)] and started == [(PODS[1], "node-2", 1)]
-    assert job.m.pods[PODS[1]].join == JoinFrom(source=0, step=10)
+    assert job.m.engine.pods[PODS[1]].join == JoinFrom(source=0, step=10)
     assert a0.orders() == [RejoinRanks(generation=1, master_port=29501, source=0, step=10)]
     assert [(e["node"], e["device"]) for e in job.events("DeviceIsolated")] == [("node-1", 1)]
-    assert ex.cluster.node_of(PODS[1]) == "node-2"
+    assert job.m.pool.cluster.node_of(PODS[1]) == "node-2"
 
     # The backup's ranks join; the first step of generation 1 ends the switch.
     backup = ScriptedAgent(job.m, PODS[1], 1100, (2, 3), generation=1)
@@ -505,15 +303,15 @@ def test_a_hot_switch_moves_the_pod_at_a_step_boundary_with_state_from_a_rank_th
     )
     assert (switched["generation"], switched["step"]) == (1, 11)
     assert switched["switch_s"] == pytest.approx(ready + 0.5 - T0, abs=0.2)
-    assert isinstance(ex.policy_state, Running) and ex.switch is None
-    assert job.m.incident is None
+    assert isinstance(ex.policy_state, Running) and job.m.hotswitch.switch is None
+    assert job.m.incidents.open is None
 
 
 def test_a_node_whose_ranks_compute_slowly_is_a_straggler_hot_switched_to_a_free_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, sub_healthy=SubHealthyStrategy.HOT_SWITCH, nodes=3)
-    started = placement_as_edges(job, monkeypatch)
+    job = scripted_job(tmp_path, monkeypatch, sub_healthy=SubHealthyStrategy.HOT_SWITCH, nodes=3)
+    started = placement_as_edges(job)
     a0, a1 = job.agents
     # node-1's ranks take four times as long before the gradient collective (a CPU quota).
     for step in range(11, 40):
@@ -555,7 +353,7 @@ def test_without_a_free_node_training_goes_on_and_the_decision_says_why(
     assert a0.orders() == [] and a1.orders() == []
     assert isinstance(job.m.executor.policy_state, Running)
     # Training goes on: no incident is open, the job is not recovering.
-    assert job.m.incident is None
+    assert job.m.incidents.open is None
     job.tick(1.0)
     st = job.m.ledger.status()
     assert st is not None and str(st.phase) == "Running", st
@@ -564,29 +362,17 @@ def test_without_a_free_node_training_goes_on_and_the_decision_says_why(
 def test_an_ignored_sub_health_fault_sends_the_next_placement_to_another_free_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3)  # no recover-strategy; subHealthyStrategy ignore
+    job = scripted_job(
+        tmp_path, monkeypatch, nodes=3
+    )  # no recover-strategy; subHealthyStrategy ignore
     m, ex = job.m, job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     lines: list[str] = []
     monkeypatch.setattr(m.console, "line", lines.append)
-    started: list[tuple[str, str]] = []
-
-    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:  # processes are an edge
-        for pod in pods:
-            ex.cluster = ex.cluster.release(pod)
-            del m.pods[pod]
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, node))
-        m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ex, "_stop", stop)
-    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    placed = placement_as_edges(job, bind=False)
 
     now = job.clock()
-    ex.device_event(DeviceFaulted("node-1", 1, "80E20207", "sub-healthy", now, now))
+    device_event(job, DeviceFaulted("node-1", 1, "80E20207", "sub-healthy", now, now))
     (decision,) = job.events("DecisionMade")
     assert decision["commands"] == [
         "DeprioritiseNode(node='node-1', reason='sub-healthy: 80E20207')"
@@ -594,15 +380,15 @@ def test_an_ignored_sub_health_fault_sends_the_next_placement_to_another_free_no
     assert job.events("NodeDeprioritised") == [
         {"node": "node-1", "reason": "sub-healthy: 80E20207"}
     ]
-    assert isinstance(ex.policy_state, Running) and m.incident is None
-    assert started == [], "training went on: nothing was placed"
+    assert isinstance(ex.policy_state, Running) and m.incidents.open is None
+    assert placed == [], "training went on: nothing was placed"
 
     # A later fault that needs the job placed again (a device on node-0 needs a reset): every
     # node is free once the pods stop, and node-1 is passed over for the free node-2.
     now = job.clock.advance(5.0)
-    ex.device_event(DeviceFaulted("node-0", 0, "80E18005", "needs a reset", now, now))
-    assert started == [(PODS[0], "node-0"), (PODS[1], "node-2")]
-    assert ex.cluster.node_of(PODS[1]) == "node-2"
+    device_event(job, DeviceFaulted("node-0", 0, "80E18005", "needs a reset", now, now))
+    assert [(pod, node) for pod, node, _ in placed] == [(PODS[0], "node-0"), (PODS[1], "node-2")]
+    assert job.m.pool.cluster.node_of(PODS[1]) == "node-2"
     assert (
         f"placing {PODS[0]}, {PODS[1]}: passed over node-1 (sub-healthy: 80E20207), placed on last"
         in lines
@@ -618,14 +404,12 @@ def _release(job: Job, node: str, device: int) -> dict[str, Any]:
 def test_a_manually_separated_device_stays_out_when_healthy_until_an_operator_releases_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3)
-    ex = job.m.executor
     table = tmp_path / "codes.yaml"
     table.write_text("codes:\n  80E0FFFF: {level: ManuallySeparate, what: test}\n")
-    ex.codes = CodeTable.load(table)
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, code_table=table)
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     now = job.clock()
-    ex.device_event(DeviceFaulted("node-2", 0, "80E0FFFF", "broken", now, now))
+    device_event(job, DeviceFaulted("node-2", 0, "80E0FFFF", "broken", now, now))
     (isolated,) = job.events("DeviceIsolated")
     assert (isolated["node"], isolated["device"], isolated["code"]) == ("node-2", 0, "80E0FFFF")
     assert "ManuallySeparate" in isolated["reason"]
@@ -635,9 +419,9 @@ def test_a_manually_separated_device_stays_out_when_healthy_until_an_operator_re
         "healthy (unbroken inject device --clear, for a sim device)",
     }
     # Healthy again (autoStowing is on): a ManuallySeparate device does not come back.
-    ex.device_event(DeviceRecovered("node-2", 0, job.clock.advance(1.0)))
-    assert ex.cluster.device_isolated("node-2", 0) and job.events("DeviceReturned") == []
-    assert ex.free_nodes() == []
+    device_event(job, DeviceRecovered("node-2", 0, job.clock.advance(1.0)))
+    assert job.m.pool.cluster.device_isolated("node-2", 0) and job.events("DeviceReturned") == []
+    assert job.m.pool.free_nodes() == []
     assert _release(job, "node-2", 0) == {
         "ok": True,
         "detail": "device 0 of node-2 back in the pool",
@@ -645,7 +429,7 @@ def test_a_manually_separated_device_stays_out_when_healthy_until_an_operator_re
     assert job.events("DeviceReturned") == [
         {"node": "node-2", "device": 0, "reason": "released by an operator"}
     ]
-    assert ex.free_nodes() == ["node-2"]
+    assert job.m.pool.free_nodes() == ["node-2"]
     again = _release(job, "node-2", 0)
     assert again["ok"] is False and "is not held for release" in again["error"]
     assert "no node 'node-9'" in _release(job, "node-9", 0)["error"]
@@ -654,14 +438,15 @@ def test_a_manually_separated_device_stays_out_when_healthy_until_an_operator_re
 def test_a_device_isolated_at_separate_npu_returns_by_itself_and_is_not_released(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3)
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job = scripted_job(tmp_path, monkeypatch, nodes=3)
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     now = job.clock()
-    ex.device_event(DeviceFaulted("node-2", 1, "80E3A201", "separate", now, now))
-    assert ex.cluster.device_isolated("node-2", 1) and not ex.cluster.device_held("node-2", 1)
-    ex.device_event(DeviceRecovered("node-2", 1, job.clock.advance(1.0)))
-    assert not ex.cluster.device_isolated("node-2", 1)
+    device_event(job, DeviceFaulted("node-2", 1, "80E3A201", "separate", now, now))
+    assert job.m.pool.cluster.device_isolated("node-2", 1) and not job.m.pool.cluster.device_held(
+        "node-2", 1
+    )
+    device_event(job, DeviceRecovered("node-2", 1, job.clock.advance(1.0)))
+    assert not job.m.pool.cluster.device_isolated("node-2", 1)
     refused = _release(job, "node-2", 1)
     assert refused["ok"] is False and "it is in the pool" in refused["error"]
 
@@ -669,10 +454,11 @@ def test_a_device_isolated_at_separate_npu_returns_by_itself_and_is_not_released
 def test_unbroken_release_reaches_the_manager_through_its_authenticated_control_api(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3)
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
-    ex.cluster = ex.cluster.isolate_device("node-2", 1, "ManuallySeparate", manual=True)
+    job = scripted_job(tmp_path, monkeypatch, nodes=3)
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
+    job.m.pool.cluster = job.m.pool.cluster.isolate_device(
+        "node-2", 1, "ManuallySeparate", manual=True
+    )
     inbox: queue.Queue[Inbound] = queue.Queue()
     server = build_server("s3cret", inbox, job.m.commands, answer_timeout_s=10.0)
     server.start()
@@ -713,63 +499,61 @@ def test_unbroken_release_reaches_the_manager_through_its_authenticated_control_
 
 def _sim(job: Job) -> tuple[SimProvider, DeviceMonitor]:
     """The job's ``sim`` devices on the fake clock; the monitor turns their polls into events."""
-    return SimProvider(job.m.sim_dir, {f"node-{i}": 2 for i in range(3)}, clock=job.clock), (
+    return SimProvider(job.m.ctx.sim_dir, {f"node-{i}": 2 for i in range(3)}, clock=job.clock), (
         DeviceMonitor()
     )
 
 
 def _watch(job: Job, provider: SimProvider, monitor: DeviceMonitor) -> None:
     for event in monitor.observe(provider.poll(), job.clock()):
-        job.m.executor.device_event(event)
+        device_event(job, event)
 
 
 def test_with_offline_reset_a_device_is_out_of_the_pool_while_it_resets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     provider, monitor = _sim(job)
     _watch(job, provider, monitor)
-    inject_device_fault(job.m.sim_dir, "node-2", 0, "80E18005", at=job.clock())  # RestartNPU
+    inject_device_fault(job.m.ctx.sim_dir, "node-2", 0, "80E18005", at=job.clock())  # RestartNPU
     _watch(job, provider, monitor)
     assert job.events("DeviceResetStarted") == [
         {"node": "node-2", "device": 0, "code": "80E18005", "reset_s": 2.0}
     ]
-    assert ex.cluster.device_isolated("node-2", 0) and ex.free_nodes() == []
+    assert job.m.pool.cluster.device_isolated("node-2", 0) and job.m.pool.free_nodes() == []
     job.clock.advance(1.9)
     _watch(job, provider, monitor)
-    assert job.events("DeviceReset") == [] and ex.cluster.device_isolated("node-2", 0)
+    assert job.events("DeviceReset") == [] and job.m.pool.cluster.device_isolated("node-2", 0)
     job.clock.advance(0.1)
     _watch(job, provider, monitor)
     assert job.events("DeviceReset") == [
         {"node": "node-2", "device": 0, "took_s": pytest.approx(2.0)}
     ]
-    assert ex.free_nodes() == ["node-2"]
+    assert job.m.pool.free_nodes() == ["node-2"]
 
 
 def test_without_offline_reset_a_reset_level_fault_resets_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3)
-    ex = job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job = scripted_job(tmp_path, monkeypatch, nodes=3)
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     provider, monitor = _sim(job)
-    inject_device_fault(job.m.sim_dir, "node-2", 0, "80E18005", at=job.clock())
+    inject_device_fault(job.m.ctx.sim_dir, "node-2", 0, "80E18005", at=job.clock())
     _watch(job, provider, monitor)
-    assert job.events("DeviceResetStarted") == [] and ex.free_nodes() == ["node-2"]
+    assert job.events("DeviceResetStarted") == [] and job.m.pool.free_nodes() == ["node-2"]
 
 
 def test_a_restart_in_place_waits_for_the_reset_of_a_device_its_ranks_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
     ex = job.m.executor
     a0, a1 = job.agents
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
     _sim(job)
-    inject_device_fault(job.m.sim_dir, "node-1", 1, "80E18005", at=job.clock())
-    ex._reset_device("node-1", 1, "80E18005", FaultLevel.RESTART_NPU, job.clock())
+    inject_device_fault(job.m.ctx.sim_dir, "node-1", 1, "80E18005", at=job.clock())
+    job.m.pool._reset_device("node-1", 1, "80E18005", FaultLevel.RESTART_NPU, job.clock())
     ex._run((RestartProcesses(PODS[1], (2, 3)),), job.clock())
     assert a0.orders() == [] and a1.orders() == [], "restarted on a device being reset"
     assert ex.held is not None and ex.held[0] == pytest.approx(job.clock() + 2.0)
@@ -785,27 +569,13 @@ def test_a_restart_in_place_waits_for_the_reset_of_a_device_its_ranks_hold(
 def test_a_pod_rescheduled_off_a_device_being_reset_goes_to_another_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
-    m, ex = job.m, job.m.executor
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
-    started: list[tuple[str, str]] = []
-
-    def stop(pods: tuple[str, ...], grace_s: float | None) -> None:  # processes are an edge
-        for pod in pods:
-            ex.cluster = ex.cluster.release(pod)
-            del m.pods[pod]
-
-    def start_agent(pod: str, node: str, devices: tuple[int, ...], gen: int) -> None:
-        started.append((pod, node))
-        m.pods[pod] = PodProcess(
-            pod=pod, node=node, generation=gen, proc=FakeAgentProcess(pid=1100), started_at=T0
-        )  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ex, "_stop", stop)
-    monkeypatch.setattr(ex, "_start_agent", start_agent)
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    m = job.m
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
+    placed = placement_as_edges(job, bind=False)
     provider, monitor = _sim(job)
-    inject_device_fault(m.sim_dir, "node-1", 1, "80E18005", at=job.clock())
+    inject_device_fault(m.ctx.sim_dir, "node-1", 1, "80E18005", at=job.clock())
     _watch(job, provider, monitor)
     # RestartNPU stops training; the job is placed again, node-1 short of a device.
-    assert started == [(PODS[0], "node-0"), (PODS[1], "node-2")]
+    assert [(pod, node) for pod, node, _ in placed] == [(PODS[0], "node-0"), (PODS[1], "node-2")]
     assert [e["node"] for e in job.events("DeviceResetStarted")] == ["node-1"]

@@ -4,11 +4,10 @@ escalates to job-level rescheduling, in the ledger and the status; room within t
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_manager_component import PODS, Job, _job, placement_as_edges
+from tests.support.manager_job import PODS, Job, device_event, placement_as_edges, scripted_job
 
 from unbroken.devices import DeviceFaulted, DeviceRecovered
 from unbroken.protocol.heartbeat import Phase
@@ -23,17 +22,15 @@ def _pod_level_job(
 ) -> tuple[Job, list[tuple[str, str, int]]]:
     """The two-pod job on exactly two nodes with pod-rescheduling on and no process-level
     strategy; stopping and starting agents are edges (recorded, no processes)."""
-    job = _job(tmp_path, monkeypatch, nodes=2)
-    fh = replace(job.m.fh, pod_rescheduling=True, fault_retry_times=3)
-    job.m.fh = job.m.executor.fh = fh
-    return job, placement_as_edges(job, monkeypatch)
+    job = scripted_job(tmp_path, monkeypatch, nodes=2, pod_rescheduling=True, fault_retry_times=3)
+    return job, placement_as_edges(job)
 
 
 def _device_fault(job: Job) -> None:
     """Rank 3's device (device 1 of node-1) leaves the pool: its pod needs 2 devices, and
     node-1 has one left, node-0 the other pod's: no room until the device is back."""
     now = job.clock()
-    job.m.executor.device_event(DeviceFaulted("node-1", 1, SEPARATE, "separate", now, now))
+    device_event(job, DeviceFaulted("node-1", 1, SEPARATE, "separate", now, now))
 
 
 def _sessions(job: Job, n: int) -> None:
@@ -84,12 +81,12 @@ def test_room_back_within_the_sessions_places_the_pod_without_escalating(
     _device_fault(job)
     _sessions(job, 5)
     assert job.events("PodsEscalated") == [] and started == []
-    job.m.executor.device_event(DeviceRecovered("node-1", 1, job.clock()))
+    device_event(job, DeviceRecovered("node-1", 1, job.clock()))
     _sessions(job, 1)
     assert started == [(PODS[1], "node-1", 1)], started
     placed = job.events("PodPlaced")[-1]
     assert (placed["pod"], placed["node"], placed["devices"]) == (PODS[1], "node-1", [0, 1])
-    assert job.m.executor.pending is None and job.events("PodsEscalated") == []
+    assert job.m.engine.pending is None and job.events("PodsEscalated") == []
     assert [d["strategy"] for d in job.events("DecisionMade")] == ["pod-rescheduling"]
     status = job.m.ledger.status()
     assert status is not None and "pending" not in status.message

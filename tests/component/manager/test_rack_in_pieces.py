@@ -6,17 +6,15 @@ both land on the spare nodes (this crashed the manager's loop at 5000 nodes)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_manager_component import PODS, T0, Job, _job
+from tests.support.manager_job import PODS, T0, Job, placement_as_edges, scripted_job
 
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.service import STREAM_CLOSED, STREAM_OPENED, Inbound
 from unbroken.protocol.heartbeat import Phase
 from unbroken.protocol.messages import PauseRanks
-from unbroken.scheduler import Binding
 from unbroken.spec.knobs import Strategy
 
 pytestmark = pytest.mark.component
@@ -30,18 +28,11 @@ def _lose_node(job: Job, pod: str, pid: int) -> None:
 def test_a_second_node_lost_before_the_pause_moves_both_pods_to_the_spare_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job(tmp_path, monkeypatch, Strategy.RECOVER, nodes=4)
-    ex = job.m.executor
-    fh = replace(job.m.fh, pod_rescheduling=True)
-    job.m.fh = ex.fh = fh
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER, nodes=4, pod_rescheduling=True)
     # Agents are edges: stopping one signals nothing, starting one records where.
     monkeypatch.setattr(PodProcess, "kill_all", lambda self: [])
     monkeypatch.setattr(PodProcess, "reap", lambda self, timeout_s=5.0: 0)
-    started: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        ex, "_start_agent", lambda pod, node, devices, gen: started.append((pod, node))
-    )
-    ex.cluster = ex.cluster.bind(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS))
+    edges = placement_as_edges(job, stops=False)
     a0, a1 = job.agents
     for a in job.agents:
         job.m._handle_one(Inbound(STREAM_OPENED, {"pod": a.pod, "pid": a.pid}, at=T0))
@@ -53,8 +44,8 @@ def test_a_second_node_lost_before_the_pause_moves_both_pods_to_the_spare_nodes(
     (first,) = job.events("DecisionMade")
     assert first["strategy"] == "recover", first
     assert a0.orders() == [PauseRanks()]
-    spare = ex.cluster.node_of(PODS[1])
-    assert spare in ("node-2", "node-3") and started == []  # placed, started after the pause
+    spare = job.m.pool.cluster.node_of(PODS[1])
+    assert spare in ("node-2", "node-3") and edges == []  # placed, started after the pause
 
     # pod-0's node goes too, before its ranks paused.
     _lose_node(job, a0.pod, a0.pid)
@@ -62,6 +53,6 @@ def test_a_second_node_lost_before_the_pause_moves_both_pods_to_the_spare_nodes(
         job.tick(0.05)
     second = job.events("DecisionMade")[-1]
     assert second["strategy"] == "pod-rescheduling", second
-    assert {pod for pod, _ in started} == set(PODS)
-    assert {node for _, node in started} == {"node-2", "node-3"}
+    assert {pod for pod, _, _ in edges} == set(PODS)
+    assert {node for _, node, _ in edges} == {"node-2", "node-3"}
     assert job.m.outcome is None

@@ -11,6 +11,8 @@ from unbroken.manager.elastic import ElasticState
 from unbroken.manager.layout import JobLayout, PodLayout
 from unbroken.spec.faulthandling import FaultHandling
 
+pytestmark = pytest.mark.unit
+
 
 def job(pods: int, nproc: int = 2) -> JobLayout:
     return JobLayout(

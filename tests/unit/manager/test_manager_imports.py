@@ -14,7 +14,16 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(
     "module",
-    ["unbroken.manager.executor", "unbroken.manager.detector", "unbroken.manager.rungs"],
+    [
+        "unbroken.manager.executor",
+        "unbroken.manager.engine",
+        "unbroken.manager.pool",
+        "unbroken.manager.inprocess",
+        "unbroken.manager.scaling",
+        "unbroken.manager.stress",
+        "unbroken.manager.detector",
+        "unbroken.manager.rungs",
+    ],
 )
 def test_no_part_imports_the_job_manager(module: str) -> None:
     code = f"import json, sys, {module}\nprint(json.dumps(sorted(sys.modules)))"

@@ -9,6 +9,8 @@ import pytest
 
 from unbroken.manager.progress import GenerationPhases, PhaseWatch, RankView
 
+pytestmark = pytest.mark.unit
+
 NONE = GenerationPhases(None, None, None, None)
 
 

@@ -14,6 +14,8 @@ from unbroken.manager.console import Console
 from unbroken.manager.planes import SWITCH_TIMEOUT_S, PlaneSwitcher
 from unbroken.policy.planes import PlaneConfig
 
+pytestmark = pytest.mark.unit
+
 
 class Executor:
     """The calls the switcher makes, and whether a recovery holds the ranks."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unbroken.manager.job import _some
+from unbroken.manager.feasible import some as _some
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from unbroken.manager.rungs import (
     LastWords,
     LastWordsFailed,
     NoReplica,
+    PendingRejoin,
     RankSeen,
-    Rejoin,
     RejoinFrom,
     Saved,
     Wait,
@@ -45,7 +45,7 @@ def _ranks(*ranks: RankSeen) -> dict[int, RankSeen]:
     return {r.rank: r for r in ranks}
 
 
-REJOIN = Rejoin(
+REJOIN = PendingRejoin(
     replace={"pod-1": (3,)}, lost=frozenset({3}), skip_pods=(), deadline_at=T0 + 10, rung=4
 )
 
@@ -77,7 +77,7 @@ def test_a_rejoin_without_a_replica_fails() -> None:
 def test_a_hot_switch_waits_for_the_leaving_ranks_but_never_takes_them_as_source() -> None:
     """The sub-healthy pod's ranks are healthy and the most advanced here, but they leave
     the job: the rejoin waits for them to stop, then takes the state from a rank that stays."""
-    switch = Rejoin(
+    switch = PendingRejoin(
         replace={},
         lost=frozenset(),
         skip_pods=(),

@@ -1,0 +1,70 @@
+"""What is possible now, as the policy needs it when a fault comes (:class:`Feasibility`).
+
+Unbroken assumes data parallelism: every rank holds a full replica of the model and optimizer
+(DDP), or the same shard as a rank of another replica group. A replica of the lost state exists
+when a rank outside the fault is alive and every worker can recover in process (its heartbeat
+says so). Such workers never apply half a step: a failed collective skips the optimizer update,
+an update that raised marks the rank suspect, and the repair takes the most advanced replica and
+checks that every rank agrees (step and state digest) before training resumes; so "outside the
+optimizer update" holds whenever in-process recovery does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from unbroken.faults import Fault
+from unbroken.manager.generations import Generations
+from unbroken.manager.inprocess import InProcess
+from unbroken.manager.layout import JobLayout
+from unbroken.manager.pool import Pool
+from unbroken.manager.scaling import Elastic
+from unbroken.policy import Feasibility
+
+
+def feasibility(
+    job: JobLayout,
+    faults: Sequence[Fault],
+    now: float,
+    *,
+    generations: Generations,
+    inprocess: InProcess,
+    elastic: Elastic,
+    pool: Pool,
+) -> Feasibility:
+    """What the rungs can do for ``faults`` now: in-process repair, a spare node, the pods
+    placed elsewhere or pending for room, elastic scale-in; and why not, where known."""
+    process_off = ""
+    recoverable = inprocess.recoverable()
+    if generations.diverged:
+        process_off = "replicas diverged, so no replica can be trusted"
+    elif not recoverable:
+        off = sorted(r for r, v in generations.ranks.items() if not v.recoverable)
+        process_off = (
+            f"rank(s) {some(off)} cannot be repaired in process (their "
+            "logs say why: no DDP model, one rank, or a DDP configuration it refuses)"
+            if off
+            else ""
+        )
+    in_process = not process_off and recoverable and inprocess.healthy_rank_left(faults)
+    elastic_off = elastic.refusal(faults) or ""
+    pods = {f.pod for f in faults if f.pod is not None}
+    return Feasibility(
+        process_off=process_off,
+        replica_for_lost_state=in_process,
+        outside_update=in_process,
+        spare_node_free=pool.spare_node_free(max(1, len(pods))),
+        fault_age_s=max(0.0, now - min(f.at for f in faults)),
+        rank0_pod_faulty=job.pod_of_rank(0) in pods,
+        pod_schedulable=pool.schedulable(faults),
+        pod_may_pend=pool.may_pend(faults),
+        elastic_possible=in_process and not elastic_off,
+        elastic_off=elastic_off,
+    )
+
+
+def some(items: Sequence[int], shown: int = 16) -> str:
+    """``items`` for a reason: the first ``shown`` and how many in all (a decision's reason at
+    10k nodes listed 300 ranks)."""
+    head = ", ".join(map(str, items[:shown]))
+    return head if len(items) <= shown else f"{head}, ... ({len(items)} in all)"

@@ -1,0 +1,84 @@
+"""The job as fault injection sees it (:class:`~unbroken.chaos.injector.InjectionTarget`):
+its shape, its processes, the ports of its stores, and a node taken down or returned."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from unbroken.chaos.injector import RankTarget
+from unbroken.manager.context import Context
+from unbroken.manager.engine import Engine
+from unbroken.manager.generations import Generations
+from unbroken.manager.pool import Pool
+
+
+class JobTarget:
+    """:class:`~unbroken.chaos.injector.InjectionTarget` over the engine's pods and the
+    current generation's ranks."""
+
+    def __init__(self, ctx: Context, engine: Engine, pool: Pool, generations: Generations) -> None:
+        self.ctx = ctx
+        self.engine = engine
+        self.pool = pool
+        self.gens = generations
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.job.world_size
+
+    @property
+    def nodes(self) -> Sequence[str]:
+        return self.ctx.cluster.nodes
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.ctx.cluster.devices_per_node
+
+    @property
+    def sim_dir(self) -> Path:
+        return self.ctx.sim_dir
+
+    def rank_targets(self) -> Mapping[int, RankTarget]:
+        pod_of = self.ctx.job.pod_of_rank
+        return {
+            r: RankTarget(rank=r, pid=v.pid, pod=pod_of(r), alive=v.alive)
+            for r, v in self.gens.ranks.items()
+        }
+
+    def pod_names(self) -> Sequence[str]:
+        return list(self.engine.pods)
+
+    def store_ports(self) -> tuple[int, ...]:
+        return (self.engine.master_port, self.ctx.job.master_port or 0)
+
+    def take_node_down(self, node: str) -> int:
+        return self.engine.take_node_down(node)
+
+    def node_pids(self, node: str) -> list[int]:
+        return [
+            pid
+            for p in self.engine.pods.values()
+            if p.node == node and p.alive
+            for pid in (p.proc.pid, *p.rank_pids.values())
+        ]
+
+    def signal_rank(self, rank: int, pid: int, sig: signal.Signals) -> None:
+        """A rank of a pod on a joined host is signalled by that host's agent (its pid is that
+        host's); any other here."""
+        pod = self.engine.pods.get(self.ctx.job.pod_of_rank(rank) or "")
+        registry = self.engine.remote_nodes
+        if registry is not None and pod is not None:
+            registry.order(pod.node, {"kind": "signal", "pid": pid, "sig": int(sig)})
+            return
+        os.kill(pid, sig)
+
+    def return_node(self, node: str) -> str:
+        """A node taken out of the pool is back (``unbroken inject node --clear``): pods may
+        be placed on it again (an elastic job scales out onto it)."""
+        isolated = node in self.pool.cluster.isolated_nodes
+        if isolated and any(p.node == node and not p.lost for p in self.engine.running()):
+            raise ValueError(f"node {node} still runs a pod of the job")
+        return self.pool.return_node(node)
