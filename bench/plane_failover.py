@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO / "tests" / "e2e")]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
-from netns_hosts import PLANE_IFNAMES, Hosts, unavailable  # noqa: E402
+from tests.support.netns_hosts import PLANE_IFNAMES, Hosts, unavailable  # noqa: E402
 
 from unbroken.ledger import Ledger  # noqa: E402
 

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.component
+
 # The rank: connect to the peer, fork a child that sleeps, close its own end, then wait.
 RANK = textwrap.dedent(
     """

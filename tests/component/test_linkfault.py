@@ -12,6 +12,8 @@ import pytest
 
 from unbroken.worker.linkfault import LinkFaultError, OpenedLinks, peer_links, reset_links
 
+pytestmark = pytest.mark.component
+
 needs_ss = pytest.mark.skipif(
     shutil.which("ss") is None or os.geteuid() != 0, reason="needs ss and root (socket destroy)"
 )

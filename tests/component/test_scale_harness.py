@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.e2e
 def test_the_load_harness_recovers_every_fault_and_prints_its_table(tmp_path: Path) -> None:
     out = subprocess.run(
         [

@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import cli_runs
 import pytest
-from cli_runs import Reference, assert_no_processes_left, digest, run_job
+from tests.support import cli_runs
+from tests.support.cli_runs import Reference, assert_no_processes_left, digest, run_job
 
 
 @pytest.fixture(scope="session", autouse=True)

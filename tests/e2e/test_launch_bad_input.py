@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from cli_runs import processes_of, unbroken
+from tests.support.cli_runs import processes_of, unbroken
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     JOB,
     Reference,

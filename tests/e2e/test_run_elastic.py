@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runs import FIXTURES, digest, events, of_kind, run_job, status
-from process_helpers import rank_pids
+from tests.support.cli_runs import FIXTURES, digest, events, of_kind, run_job, status
+from tests.support.process_helpers import rank_pids
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     SLOW_STEP_SLEEP,
     STEP_SLEEP,

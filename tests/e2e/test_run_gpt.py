@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     REPO,
     assert_no_processes_left,
@@ -22,7 +22,7 @@ from cli_runs import (
     of_kind,
     run_job,
 )
-from process_helpers import recomputed_steps
+from tests.support.process_helpers import recomputed_steps
 
 pytestmark = pytest.mark.e2e
 

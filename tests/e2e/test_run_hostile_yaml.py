@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runs import JOB, processes_of, run_job, unbroken
+from tests.support.cli_runs import JOB, processes_of, run_job, unbroken
 
 pytestmark = pytest.mark.e2e
 

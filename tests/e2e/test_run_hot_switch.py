@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     JOB,
     SLOW_STEP_SLEEP,
@@ -25,7 +25,7 @@ from cli_runs import (
     status,
     write_job,
 )
-from process_helpers import (
+from tests.support.process_helpers import (
     rank_pids,
     recomputed_steps,
     split_at_fault,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     STEP_SLEEP,
     Reference,
     Result,

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_runs import assert_no_processes_left, start_job, wait_for, write_job
-from disks import tmpfs
+from tests.support.cli_runs import assert_no_processes_left, start_job, wait_for, write_job
+from tests.support.disks import tmpfs
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_runs import FIXTURES, Reference, digest, events, of_kind, run_job
-from process_helpers import rank_pids, recomputed_steps, split_at_fault, started_ranks
+from tests.support.cli_runs import FIXTURES, Reference, digest, events, of_kind, run_job
+from tests.support.process_helpers import rank_pids, recomputed_steps, split_at_fault, started_ranks
 
 pytestmark = [
     pytest.mark.e2e,

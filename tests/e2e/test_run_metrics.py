@@ -11,8 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import FIXTURES, events, of_kind, start_job, unbroken, wait_for, write_job
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.cli_runs import (
+    FIXTURES,
+    events,
+    of_kind,
+    start_job,
+    unbroken,
+    wait_for,
+    write_job,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     JOB,
     RUN_TIMEOUT_S,
@@ -29,7 +29,7 @@ from cli_runs import (
     of_kind,
     wait_for,
 )
-from netns_hosts import PLANE_IFNAMES, Hosts, hosts
+from tests.support.netns_hosts import PLANE_IFNAMES, Hosts, hosts
 
 from unbroken.manager.service import CommandQueues, Inbound, NodeRegistry, build_server
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_runs import events, of_kind, run_job, write_job
-from disks import tmpfs
+from tests.support.cli_runs import events, of_kind, run_job, write_job
+from tests.support.disks import tmpfs
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runs import Reference, events, of_kind, run_job, status, write_job
+from tests.support.cli_runs import Reference, events, of_kind, run_job, status, write_job
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     JOB,
     assert_no_processes_left,
     start_job,

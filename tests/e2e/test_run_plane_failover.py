@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     RUN_TIMEOUT_S,
     Reference,
@@ -34,8 +34,8 @@ from cli_runs import (
     unbroken,
     wait_for,
 )
-from netns_hosts import PLANE_IFNAMES, Hosts, hosts
-from process_helpers import started_ranks
+from tests.support.netns_hosts import PLANE_IFNAMES, Hosts, hosts
+from tests.support.process_helpers import started_ranks
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     JOB,
     SLOW_STEP_SLEEP,
@@ -29,7 +29,7 @@ from cli_runs import (
     unbroken,
     write_job,
 )
-from process_helpers import (
+from tests.support.process_helpers import (
     rank_pids,
     recomputed_steps,
     split_at_fault,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     REPO,
     Reference,
@@ -23,7 +23,13 @@ from cli_runs import (
     run_job,
     write_job,
 )
-from process_helpers import rank_pids, recomputed_steps, split_at_fault, started_ranks, the_incident
+from tests.support.process_helpers import (
+    rank_pids,
+    recomputed_steps,
+    split_at_fault,
+    started_ranks,
+    the_incident,
+)
 
 pytestmark = pytest.mark.e2e
 

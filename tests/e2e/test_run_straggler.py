@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runs import FIXTURES, digest, events, of_kind, run_job
-from process_helpers import rank_pids, recomputed_steps
+from tests.support.cli_runs import FIXTURES, digest, events, of_kind, run_job
+from tests.support.process_helpers import rank_pids, recomputed_steps
 
 from unbroken.chaos.throttle import CPU_ROOT, unavailable
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from cli_runs import (
+from tests.support.cli_runs import (
     FIXTURES,
     JOB,
     SLOW_STEP_SLEEP,
@@ -33,7 +33,12 @@ from cli_runs import (
     wait_for,
     write_job,
 )
-from process_helpers import rank_pids, recomputed_steps, started_ranks, status_rank_pids
+from tests.support.process_helpers import (
+    rank_pids,
+    recomputed_steps,
+    started_ranks,
+    status_rank_pids,
+)
 
 from unbroken.ledger import Ledger, LedgerError
 from unbroken.rpc import ControlClient

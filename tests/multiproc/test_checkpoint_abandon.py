@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_ranks import clean_env
+from tests.support.ranks import clean_env
 
 from unbroken.checkpoint import find_latest_good
 

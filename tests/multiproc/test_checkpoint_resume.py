@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from worker_ranks import Cluster, read_result, wait_for
+from tests.support.ranks import wait_for
+from tests.support.worker_ranks import Cluster, read_result
 
 from unbroken.checkpoint import find_latest_good, step_dir, verify
 from unbroken.worker import Phase

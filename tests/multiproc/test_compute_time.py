@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from worker_ranks import REPO, Cluster
+from tests.support.worker_ranks import REPO, Cluster
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from worker_ranks import REPO, Cluster, read_result
+from tests.support.worker_ranks import REPO, Cluster, read_result
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from recovery_ranks import Job, Rank, wait_for
+from tests.support.recovery_job import Job, Rank, wait_for
 
 from unbroken.worker import Phase
 from unbroken.worker.heartbeat import StepFailure, unpack_op_retry

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from recovery_ranks import Job, Rank, wait_for
+from tests.support.recovery_job import Job, Rank, wait_for
 
 from unbroken.checkpoint import find_latest_good, step_dir, verify
 from unbroken.protocol.exitreport import read_exit_report

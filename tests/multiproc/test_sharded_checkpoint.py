@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.worker_ranks import REPO, Cluster, read_result
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from worker_ranks import REPO, Cluster, read_result
 
 from unbroken.checkpoint import step_dir
 from unbroken.protocol.mailbox import MAILBOX

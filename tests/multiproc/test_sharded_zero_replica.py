@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from worker_ranks import REPO, Cluster
+from tests.support.worker_ranks import REPO, Cluster
 
 from unbroken.worker.sharding import Layout, Sharding, in_process_refusal
 from unbroken.worker.zero import ZeroReplicaError, mismatches, plan_transfers

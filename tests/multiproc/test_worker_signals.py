@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from worker_ranks import Cluster, Generation, is_stopped, wait_for
+from tests.support.ranks import wait_for
+from tests.support.worker_ranks import Cluster, Generation, is_stopped
 
 from unbroken.worker import STOP_EXIT_CODE, HeartbeatRecord, Phase
 

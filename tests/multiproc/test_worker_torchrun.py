@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_ranks import EXAMPLE, clean_env, read_result
+from tests.support.ranks import clean_env
+from tests.support.worker_ranks import EXAMPLE, read_result
 
 from unbroken.checkpoint import find_latest_good, step_dir
 

@@ -15,6 +15,8 @@ from unbroken.worker.heartbeat import pack_op_retry, unpack_op_retry
 from unbroken.worker.linkfault import _address
 from unbroken.worker.opretry import OpRetrySettings, collective_level, op_retry_from_environ
 
+pytestmark = pytest.mark.unit
+
 TWO_PODS = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
 
 

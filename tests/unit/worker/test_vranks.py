@@ -6,6 +6,8 @@ import pytest
 
 from unbroken.worker import vranks
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("virtual", "world_size", "expected"),

@@ -1,8 +1,8 @@
 """Reading a process-level recovery back from a run's ledger and status: which processes each
 rank ran in, which ranks were started again, and the one incident of a run.
 
-Like :mod:`cli_runs`, nothing here imports the package: the events and the status are the
-``unbroken events --json`` and ``unbroken status --json`` records.
+Like :mod:`tests.support.cli_runs`, nothing here imports the package: the events and the
+status are the ``unbroken events --json`` and ``unbroken status --json`` records.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cli_runs import of_kind, unbroken
+from tests.support.cli_runs import of_kind, unbroken
 
 
 def the_incident(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:

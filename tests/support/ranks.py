@@ -1,4 +1,4 @@
-"""Rank processes for the multi-process tests, forked from one zygote per test process.
+"""Rank processes for the multi-process tests, started the way the node agent starts them.
 
 A rank started as a new Python process imports torch (and DDP's ``torch._dynamo``): 4-5 s of
 CPU each, and a test of four ranks spent most of its time there on two cores. The agent's
@@ -8,6 +8,11 @@ each rank, which then runs its script as ``__main__`` exactly as the node agent'
 The test process becomes a child subreaper, so a forked rank is its child, waited for by pid.
 
 ``UNBROKEN_TEST_COLD_RANKS=1``: every rank a new process, as before.
+
+Besides :func:`start_rank`, what every harness of ranks needs: an environment without any
+launcher's variables (:func:`clean_env`), the agent's store of one generation
+(:func:`agent_store`) and the variables that point a rank at it (:func:`store_env`), and
+:func:`wait_for`.
 """
 
 from __future__ import annotations
@@ -16,11 +21,16 @@ import atexit
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from unbroken.agent.image import OwnChild
-from unbroken.agent.ranks import Zygote, become_subreaper, start_zygote
+import torch.distributed as dist
+
+from unbroken.agent.children import OwnChild, become_subreaper
+from unbroken.agent.ranks import Zygote, start_zygote
 
 _zygote: Zygote | None = None
 _tried = False
@@ -70,3 +80,40 @@ def start_rank(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any launcher's variables."""
+    drop = ("UNBROKEN_", "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def agent_store() -> Any:
+    """A TCPStore on loopback that this process owns, as the agent owns one per generation."""
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+
+
+def store_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The variables that make ``rank`` of ``world_size`` join through the agent's store on
+    ``port`` (env://, ``TORCHELASTIC_USE_AGENT_STORE``)."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float = 180.0) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+        time.sleep(0.02)

@@ -4,6 +4,7 @@ One process per rank running ``examples/train_mlp.py``; ``dist.init_process_grou
 connects through env:// to a TCPStore this test process owns (``TORCHELASTIC_USE_AGENT_STORE``),
 one store per generation. ``managed=True`` adds Unbroken's variables (job id, generation, a
 heartbeat file per rank and generation); ``managed=False`` is what plain torchrun gives a rank.
+The ranks are started by :func:`tests.support.ranks.start_rank`.
 """
 
 from __future__ import annotations
@@ -13,36 +14,17 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-from forked import start_rank
+from tests.support.ranks import agent_store, clean_env, start_rank, store_env
 
-from unbroken.agent.image import OwnChild
+from unbroken.agent.children import OwnChild
 from unbroken.worker.heartbeat import HeartbeatReader, HeartbeatRecord
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_mlp.py"
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without any launcher's variables."""
-    drop = ("UNBROKEN_", "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    return env
-
-
-def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float = 180.0) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Generation:
@@ -128,24 +110,17 @@ class Cluster:
         """Start one process per rank (``world_size`` of them; default: the cluster's)."""
         world = self.world_size if world_size is None else world_size
         gen = len(self.generations) if generation is None else generation
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
-        )
+        store = agent_store()
         self._stores.append(store)
         procs: list[subprocess.Popen[bytes] | OwnChild] = []
         self.root.mkdir(parents=True, exist_ok=True)
         for rank in range(world):
             env = clean_env()
+            env.update(store_env(rank, world, store.port))
             env.update(
                 {
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world),
                     "GROUP_RANK": "0",
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(store.port),
-                    "TORCHELASTIC_USE_AGENT_STORE": "True",
                     "TORCHELASTIC_RESTART_COUNT": str(gen),
                     "TORCHELASTIC_RUN_ID": "test",
                 }
