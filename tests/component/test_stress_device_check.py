@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from unbroken.devices import SimProvider, clear_device_fault, inject_silent_fault
-from unbroken.worker.stress import DeviceRef, device_checksum
+from unbroken.worker.stress import SimDevice, device_checksum
 
 pytestmark = pytest.mark.component
 
 
 def test_a_silently_faulty_device_computes_another_checksum(tmp_path: Path) -> None:
     SimProvider(tmp_path, {"node-1": 2})
-    healthy, faulty = DeviceRef(tmp_path, "node-1", 0), DeviceRef(tmp_path, "node-1", 1)
+    healthy, faulty = SimDevice(tmp_path, "node-1", 0), SimDevice(tmp_path, "node-1", 1)
     expected = device_checksum(None)
     assert len(expected) == 16 and device_checksum(None) == expected  # deterministic
     assert device_checksum(healthy) == device_checksum(faulty) == expected

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.support.cli_runs import (
@@ -22,22 +21,11 @@ from tests.support.cli_runs import (
     unbroken,
     write_job,
 )
+from tests.support.process_helpers import the_incident
 
 pytestmark = pytest.mark.e2e
 
 MASTER, WORKER = "e2e-mlp-master-0", "e2e-mlp-worker-0"
-
-
-def the_incident(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events from the only fault to its recovery; fails unless there was exactly one
-    fault and it was recovered."""
-    faults = of_kind(evs, "FaultDetected")
-    assert len(faults) == 1, f"expected one fault, got {faults}"
-    ids = [e["id"] for e in evs]
-    first = ids.index(faults[0]["id"])
-    done = of_kind(evs, "RecoveryCompleted", fault_id=faults[0]["fault_id"])
-    assert done, f"the fault was not recovered: {[e['kind'] for e in evs[first:]]}"
-    return evs[first : ids.index(done[0]["id"]) + 1]
 
 
 def assert_succeeded(res_stdout: str, run_dir: Path, reference: Reference) -> None:

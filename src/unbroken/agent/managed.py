@@ -64,7 +64,7 @@ from unbroken.protocol.messages import (
     HelloAnswer,
     Order,
     PauseRanks,
-    PlaneChanged,
+    PlaneCarrierChanged,
     PodFinished,
     PodStopped,
     ProtocolError,
@@ -474,7 +474,9 @@ class ManagedAgent:
         for plane, up in self._plane_watch.changes():
             log.warning("network plane %s is %s", plane, "up" if up else "down")
             names = tuple(self._ifnames)
-            self._send(PlaneChanged(plane=plane, up=up, changed_at=time.time(), planes=names))
+            self._send(
+                PlaneCarrierChanged(plane=plane, up=up, changed_at=time.time(), planes=names)
+            )
 
     def _cut_plane(self, plane: str) -> None:
         ifname = self._ifnames.get(plane)

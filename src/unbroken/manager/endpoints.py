@@ -1,19 +1,26 @@
-"""What a run shows outside its process: the metrics and dashboard endpoint over the ledger,
-and the control file that tells ``unbroken inject``, ``status`` and the rest where the control
-plane listens and with which secret."""
+"""What a run shows outside its process, opened at its start and closed at its end: the control
+server the agents and ``unbroken inject``/``status``/... call, the metrics and dashboard endpoint
+over the ledger, the device watcher that posts health events to the loop, and the control file
+that says where the control plane listens and with which secret."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from unbroken.devices import DeviceWatcher, SimProvider
 from unbroken.ledger import Ledger
+from unbroken.manager.context import Context
+from unbroken.manager.engine import Engine, ManagerError
 from unbroken.manager.metrics import LedgerCollector, registry_for
-from unbroken.manager.web import WebEndpoint
+from unbroken.manager.service import Inbound, build_server
+from unbroken.manager.web import WebEndpoint, WebError
 from unbroken.report import render
+from unbroken.rpc import ControlServer
 
 
 def dashboard(ledger: Ledger, secret: str, clock: Callable[[], float], port: int) -> WebEndpoint:
@@ -48,3 +55,70 @@ def write_control_file(path: Path, *, address: str, metrics: str, secret: str, j
             f,
         )
     os.replace(tmp, path)
+
+
+class Endpoints:
+    """The run's control server (``server``), metrics and dashboard (``web``), device watcher
+    and control file (``control_file``)."""
+
+    def __init__(self, ctx: Context, inbox: queue.Queue[Inbound]) -> None:
+        self.ctx = ctx
+        self.inbox = inbox
+        self.control_file = ctx.run_dir / "control.json"
+        self.server: ControlServer | None = None
+        self.web: WebEndpoint | None = None
+        self.watcher: DeviceWatcher | None = None
+
+    def open(self, secret: str, engine: Engine) -> str:
+        """Open them all, the server where the engine listens (its joined hosts' registry
+        beside it); returns the server's address. Raises :class:`ManagerError` when the
+        metrics port is taken."""
+        ctx = self.ctx
+        server = build_server(
+            secret,
+            self.inbox,
+            ctx.commands,
+            answer_timeout_s=10.0,
+            nodes=engine.remote_nodes,
+            host=engine.listen[0],
+            port=engine.listen[1],
+            clock=ctx.clock,
+        )
+        self.server = server
+        server.start()
+        address = str(server.address)
+        try:
+            self.web = dashboard(ctx.ledger, secret, ctx.clock, ctx.options.metrics_port)
+        except WebError as exc:
+            raise ManagerError(str(exc)) from None
+        ctx.console.line(
+            f"metrics http://{self.web.address}/metrics, dashboard http://{self.web.address}/ "
+            f"(token: the secret in {self.control_file.name})"
+        )
+        write_control_file(
+            self.control_file,
+            address=address,
+            metrics=self.web.address,
+            secret=secret,
+            job_id=ctx.job.job_id,
+        )
+        cl = ctx.cluster
+        provider = SimProvider(ctx.sim_dir, {n: cl.devices_per_node for n in cl.nodes})
+        self.watcher = DeviceWatcher(
+            provider,
+            cl.list_watch_period_s,
+            lambda ev: self.inbox.put(Inbound("Device", {"event": ev})),
+        )
+        self.watcher.start()
+        return address
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.server is not None:
+            # Long enough for the hosts' order streams to see the run's end and close: cut,
+            # a host's agent reads the stream's cancellation as a lost control plane.
+            self.server.stop(2.0)
+        if self.web is not None:
+            self.web.stop()
+        self.control_file.unlink(missing_ok=True)

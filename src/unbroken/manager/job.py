@@ -34,7 +34,6 @@ from typing import Any
 
 from unbroken.chaos import ChaosFault, InjectKind
 from unbroken.chaos.injector import Injector, due
-from unbroken.devices import DeviceWatcher, SimProvider
 from unbroken.faults import CodeTable, Fault
 from unbroken.ledger import (
     CommunicationReady,
@@ -51,7 +50,7 @@ from unbroken.ledger import (
 from unbroken.manager.console import Console
 from unbroken.manager.context import Context
 from unbroken.manager.detector import Detector, Where, diverged
-from unbroken.manager.endpoints import dashboard, write_control_file
+from unbroken.manager.endpoints import Endpoints
 from unbroken.manager.engine import Engine, ManagerError, PodStarter, StoreOpener
 from unbroken.manager.executor import Executor
 from unbroken.manager.feasible import feasibility
@@ -73,7 +72,6 @@ from unbroken.manager.service import (
     CommandQueues,
     Inbound,
     answer,
-    build_server,
     heartbeat_interval_s,
     refused,
     silence_timeout_s,
@@ -82,7 +80,6 @@ from unbroken.manager.snapshot import RunOutcome, job_status
 from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
 from unbroken.manager.targets import JobTarget
-from unbroken.manager.web import WebEndpoint, WebError
 from unbroken.policy import FaultReported, ReplacementReady, RungSucceeded
 from unbroken.policy import Tick as PolicyTick
 from unbroken.policy.straggler import StragglerKnobs
@@ -95,7 +92,7 @@ from unbroken.protocol.messages import (
     AgentHello,
     Event,
     HelloAnswer,
-    PlaneChanged,
+    PlaneCarrierChanged,
     PodFinished,
     PodStopped,
     RankExited,
@@ -107,6 +104,7 @@ from unbroken.protocol.messages import (
     decode_report,
     encode_answer,
 )
+from unbroken.rpc import ControlServer
 
 __all__ = ["JobManager", "ManagerError", "RunOutcome"]
 
@@ -231,10 +229,7 @@ class JobManager:
         self.fired_chaos: set[int] = set()
         self.milestones = Milestones(job.world_size, self.opt.progress_every)
         self.outcome: RunOutcome | None = None
-        self.server: object | None = None
-        self.web: WebEndpoint | None = None
-        self.watcher: DeviceWatcher | None = None
-        self.control_file = run_dir / "control.json"
+        self.endpoints = Endpoints(ctx, self.inbox)
         self.injector = Injector(JobTarget(ctx, self.engine, self.pool, self.gens))
         #: Online stress tests (``unbroken stress-test``).
         self.stress = StressTester(
@@ -266,30 +261,7 @@ class JobManager:
         # First: the node image imports torch while the rest of the start goes on.
         engine.start_image()
         engine.open_store(self.job.master_port or 0)
-        server = build_server(
-            self.secret,
-            self.inbox,
-            self.commands,
-            answer_timeout_s=10.0,
-            nodes=engine.remote_nodes,
-            host=engine.listen[0],
-            port=engine.listen[1],
-            clock=self.clock,
-        )
-        self.server = server
-        server.start()
-        engine.control_address = str(server.address)
-        self._start_web()
-        self._write_control_file()
-        provider = SimProvider(
-            self.ctx.sim_dir, {n: self.cl.devices_per_node for n in self.cl.nodes}
-        )
-        self.watcher = DeviceWatcher(
-            provider,
-            self.cl.list_watch_period_s,
-            lambda ev: self.inbox.put(Inbound("Device", {"event": ev})),
-        )
-        self.watcher.start()
+        engine.control_address = self.endpoints.open(self.secret, engine)
         self.ledger.record(
             JobSubmitted(
                 job=self.job.job_id,
@@ -301,31 +273,17 @@ class JobManager:
         )
         self.console.line(
             f"job {self.job.job_id}: {len(self.job.pods)} pods x {self.job.nproc_per_node} ranks "
-            f"on {len(self.cl.nodes)} nodes; control plane {server.address}, "
+            f"on {len(self.cl.nodes)} nodes; control plane {engine.control_address}, "
             f"store {engine.listen[0]}:{engine.master_port}"
         )
         self.executor.start(tuple(p.name for p in self.job.pods))
         if self.outcome is None and not engine.pods:
             raise ManagerError("no pod could be placed")
 
-    def _start_web(self) -> None:
-        try:
-            self.web = dashboard(self.ledger, self.secret, self.clock, self.opt.metrics_port)
-        except WebError as exc:
-            raise ManagerError(str(exc)) from None
-        self.console.line(
-            f"metrics http://{self.web.address}/metrics, dashboard http://{self.web.address}/ "
-            f"(token: the secret in {self.control_file.name})"
-        )
-
-    def _write_control_file(self) -> None:
-        write_control_file(
-            self.control_file,
-            address=self.engine.control_address,
-            metrics=self.web.address if self.web is not None else "",
-            secret=self.secret,
-            job_id=self.job.job_id,
-        )
+    @property
+    def server(self) -> ControlServer | None:
+        """The control server, once the run started."""
+        return self.endpoints.server
 
     def run(self) -> RunOutcome:
         try:
@@ -367,15 +325,7 @@ class JobManager:
         self.engine.stop_all(grace_s=None if not success else 5.0, success=success)
         self.injector.release_throttles()
         self.commands.close()
-        if self.watcher is not None:
-            self.watcher.stop()
-        if self.server is not None:
-            # Long enough for the hosts' order streams to see the run's end and close: cut,
-            # a host's agent reads the stream's cancellation as a lost control plane.
-            self.server.stop(2.0)  # type: ignore[attr-defined]
-        if self.web is not None:
-            self.web.stop()
-        self.control_file.unlink(missing_ok=True)
+        self.endpoints.close()
         # The store's keeper ends before the image it was forked from: no process of the run
         # outlives the run.
         self.engine.close_stores()
@@ -536,7 +486,7 @@ class JobManager:
             case PodStopped():
                 pod.stopped = True
                 return
-            case PlaneChanged():  # a fact of the host, whatever generation its agent is in
+            case PlaneCarrierChanged():  # a fact of the host, whatever generation its agent is in
                 self.executor.planes.reported(
                     pod.node, event.plane, event.up, event.changed_at, event.planes
                 )

@@ -168,7 +168,7 @@ class RankHung:
 
 
 @dataclass(frozen=True)
-class PlaneChanged:
+class PlaneCarrierChanged:
     """The host's network plane ``plane`` went down (its interface lost carrier) or came up;
     ``planes``: the host's planes in its order of preference."""
 
@@ -196,7 +196,7 @@ Event = (
     | RankExited
     | RankFailed
     | RankHung
-    | PlaneChanged
+    | PlaneCarrierChanged
     | PodFinished
     | PodStopped
 )
@@ -208,7 +208,7 @@ _EVENT_NAMES: dict[type[Any], str] = {
     RankExited: "rank-exited",
     RankFailed: "rank-failed",
     RankHung: "rank-hung",
-    PlaneChanged: "plane-changed",
+    PlaneCarrierChanged: "plane-changed",
     PodFinished: "pod-finished",
     PodStopped: "pod-stopped",
 }
@@ -272,7 +272,7 @@ def encode_report(sender: Sender, report: Report) -> JsonObj:
             body["failure"] = _failure_name(report.failure)
         case PodFinished(without_session=idle):
             body["without_session"] = list(idle)
-        case PlaneChanged():
+        case PlaneCarrierChanged():
             body.update(dataclasses.asdict(report))
             body["planes"] = list(report.planes)
         case RankExited() | RankHung() | PodStopped():
@@ -423,7 +423,7 @@ def _event(body: Mapping[str, Any]) -> Event:
                 last_tick_at=_float(body, "last_tick_at"),
             )
         case "plane-changed":
-            return PlaneChanged(
+            return PlaneCarrierChanged(
                 plane=str(_get(body, "plane")),
                 up=bool(_get(body, "up")),
                 changed_at=_float(body, "changed_at"),
@@ -625,7 +625,7 @@ __all__ = [
     "JoinFrom",
     "Order",
     "PauseRanks",
-    "PlaneChanged",
+    "PlaneCarrierChanged",
     "PodFinished",
     "PodStopped",
     "ProtocolError",

@@ -119,7 +119,7 @@ from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.sharding import Layout, in_process_refusal
 from unbroken.worker.shardsync import ShardSync
 from unbroken.worker.steprng import StepRng
-from unbroken.worker.stress import DeviceRef, device_checksum, run_stress
+from unbroken.worker.stress import SimDevice, device_checksum, run_stress
 from unbroken.worker.torchapi import (
     PrefixStore,
     broadcast_coalesced,
@@ -157,7 +157,7 @@ class RecoverySettings:
     ckpt_timeout_s: float = 600.0
     poll_interval_s: float = 0.005  # the mailbox poll while stopped: one stat() each
     op_retry: OpRetrySettings | None = None  # HCCL_OP_RETRY_*: None when off for this group
-    device: DeviceRef | None = None  # the simulated device the stress test's check runs on
+    device: SimDevice | None = None  # the simulated device the stress test's check runs on
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **values: Any) -> RecoverySettings:
@@ -688,7 +688,7 @@ class Recovery:
             self.heartbeat.update(**values)
 
 
-def _sim_device(environ: Mapping[str, str]) -> DeviceRef | None:
+def _sim_device(environ: Mapping[str, str]) -> SimDevice | None:
     """This rank's simulated device, from its agent's ``UNBROKEN_RUN_DIR``/``UNBROKEN_NODE``/
     ``UNBROKEN_DEVICES`` and ``LOCAL_RANK`` (None outside an embedded run)."""
     run_dir, node = environ.get("UNBROKEN_RUN_DIR"), environ.get("UNBROKEN_NODE")
@@ -696,7 +696,7 @@ def _sim_device(environ: Mapping[str, str]) -> DeviceRef | None:
     local = environ.get("LOCAL_RANK", "0")
     if not run_dir or not node or not local.isdigit() or int(local) >= len(devices):
         return None
-    return DeviceRef(Path(run_dir) / "devices", node, int(devices[int(local)]))
+    return SimDevice(Path(run_dir) / "devices", node, int(devices[int(local)]))
 
 
 def checkpoint_group(timeout_s: float) -> tuple[dist.ProcessGroup, Callable[[], int]]:

@@ -58,7 +58,7 @@ _TRIPS = 3
 
 
 @dataclass(frozen=True)
-class DeviceRef:
+class SimDevice:
     """The simulated device a rank runs on: the ``sim`` state directory, node and index."""
 
     state_dir: Path
@@ -75,7 +75,7 @@ class DeviceRef:
             return False
 
 
-def device_checksum(device: DeviceRef | None) -> str:
+def device_checksum(device: SimDevice | None) -> str:
     """The device check's checksum on ``device`` (None: a device that computes right)."""
     corrupt = device is not None and device.silently_faulty()
     g = torch.Generator().manual_seed(DEVICE_SEED)
@@ -91,7 +91,7 @@ def device_checksum(device: DeviceRef | None) -> str:
 
 
 def run_stress(
-    command: Stress, expected: str, device: DeviceRef | None, timeout_s: float
+    command: Stress, expected: str, device: SimDevice | None, timeout_s: float
 ) -> RankStressResult:
     """Run stress test ``command.round`` as rank ``command.rank`` and publish the result."""
     rank = command.rank

@@ -1,6 +1,7 @@
-"""The package imports one way: each part of ``src/unbroken`` imports only parts below it (the
-layers below), and no module imports itself back through others, not even through an import
-inside a function. Read from the source (ast): nothing is imported."""
+"""The package's shape: it imports one way (each part of ``src/unbroken`` imports only parts
+below it, and no module imports itself back through others, not even through an import inside
+a function), and no module grows past :data:`MAX_LINES` (a file that long holds more than one
+concept: split it along a seam). Read from the source (ast): nothing is imported."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+MAX_LINES = 800
 
 #: The parts of the package from the bottom up; a part may import its own layer's other parts
 #: only where the entry says so (``ALSO``), and any part of a layer below.
@@ -141,3 +143,9 @@ def test_the_checks_find_what_they_look_for() -> None:
     g = {"unbroken.agent.a": {"unbroken.manager.b"}, "unbroken.manager.b": {"unbroken.agent.a"}}
     assert upward(g) == {"unbroken.agent.a -> unbroken.manager.b"}
     assert circles(g) == [["unbroken.agent.a", "unbroken.manager.b"]]
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    lengths = {m: len(p.read_text().splitlines()) for m, p in modules().items()}
+    assert max(lengths.values()) > MAX_LINES / 2  # the check reads the files
+    assert {m: n for m, n in lengths.items() if n > MAX_LINES} == {}
