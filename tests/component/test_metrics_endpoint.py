@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import http.client
+import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.flood import IdleConnections
 
 from unbroken.ledger import (
     DecisionMade,
@@ -24,8 +29,9 @@ from unbroken.ledger import (
     StateSource,
     StepProgress,
 )
+from unbroken.manager import web
 from unbroken.manager.metrics import LedgerCollector, registry_for
-from unbroken.manager.web import WebEndpoint, WebError
+from unbroken.manager.web import MAX_CONNECTIONS, WebEndpoint, WebError
 
 pytestmark = pytest.mark.component
 
@@ -136,9 +142,41 @@ def test_a_browser_trades_the_token_for_a_cookie(endpoint: WebEndpoint) -> None:
     assert resp.status == 303 and resp.getheader("Location") == "/"
     cookie = resp.getheader("Set-Cookie") or ""
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    name, value = cookie.split(";")[0].split("=", 1)
+    port = endpoint.address.split(":")[1]
+    assert name == f"unbroken_{port}" and SECRET not in value
     resp = _get(endpoint, "/", {"Cookie": cookie.split(";")[0]})
     assert resp.status == 200
-    assert _get(endpoint, "/", {"Cookie": "unbroken_token=wrong"}).status == 401
+    assert _get(endpoint, "/", {"Cookie": f"{name}=wrong"}).status == 401
+    assert _get(endpoint, "/", {"Cookie": f"{name}={SECRET}"}).status == 401
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_idle_connections_take_neither_a_thread_nor_a_descriptor_each(
+    endpoint: WebEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of connections that never send a byte: the endpoint holds a bounded number
+    of them, on its few threads, shuts each after its time, and answers once they stop."""
+    monkeypatch.setattr(web, "CONNECTION_S", 2.0)
+    host, port = endpoint.address.split(":")
+    with socket.create_connection((host, int(port))) as idle:
+        idle.settimeout(10.0)
+        opened = time.monotonic()
+        assert idle.recv(1) == b""  # shut by the endpoint, never answered
+        assert 1.5 < time.monotonic() - opened < 5.0
+    threads, descriptors = threading.active_count(), _descriptors()
+    with IdleConnections([endpoint.address], 300) as flood:
+        deadline = time.monotonic() + 30.0
+        while flood.closed_by_server < 600 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            held = _descriptors() - descriptors - sum(flood.open_now().values())
+            assert held <= MAX_CONNECTIONS + 1, held
+            assert threading.active_count() <= threads + 1  # the flood's own thread
+        assert flood.closed_by_server >= 600  # refused past the bound, or shut in time
+    assert _get(endpoint, "/metrics", {"Authorization": f"Bearer {SECRET}"}).status == 200
 
 
 def test_a_taken_port_is_an_error_naming_it(endpoint: WebEndpoint, ledger: Ledger) -> None:

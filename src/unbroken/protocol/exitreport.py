@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unbroken.protocol.kinds import StepFailure
+from unbroken.protocol.wire import integer, loads, optional_text, text
 
 _SUFFIX = ".exit"
 _MAX_BYTES = 16 * 1024
@@ -85,21 +86,22 @@ def read_exit_report(heartbeat_path: Path | str, pid: int) -> ExitReport | None:
     """The exit report of process ``pid`` next to the heartbeat file; None when there is none
     (the script does not use the worker API, or it exited without an exception), it is of
     another process (an earlier generation's), or it cannot be read as one."""
+    what = "exit report"
     try:
         data = exit_report_path(heartbeat_path).read_bytes()[:_MAX_BYTES]
-        body = json.loads(data)
-        if not isinstance(body, dict) or body.get("pid") != pid:
+        body = loads(data, what)
+        if body.get("pid") != pid:
             return None
-        exception = body["exception"]
-        if not isinstance(exception, str) or not exception:
+        exception = text(body, "exception", what)
+        if not exception:
             return None
         return ExitReport(
             pid=pid,
             exception=exception,
-            message=str(body.get("message") or ""),
-            failure=StepFailure(int(body.get("failure", 0))),
+            message=optional_text(body, "message", what, _MAX_BYTES),
+            failure=StepFailure(integer(body, "failure", what, 0, 1 << 16, default=0)),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):  # ProtocolError, and a failure code StepFailure lacks
         return None
 
 

@@ -51,11 +51,22 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from unbroken.protocol.wire import (
+    GENERATION_MAX,
+    INT64_MAX,
+    NAME_MAX,
+    RANK_MAX,
+    STEP_MAX,
+    ProtocolError,
+    parse,
+    show,
+)
+
 #: The environment variable that gives a rank its mailbox path.
 MAILBOX = "UNBROKEN_MAILBOX"
 
 
-class MailboxError(ValueError):
+class MailboxError(ProtocolError):
     """A mailbox file or command that is not what the protocol says it must be."""
 
 
@@ -135,33 +146,40 @@ def _int_field(data: Mapping[str, Any], name: str, low: int, high: int | None = 
         raise MailboxError(f"mailbox command {data.get('op')!r} has no field {name!r}")
     value = data[name]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise MailboxError(f"mailbox command field {name}={value!r} is not an integer")
+        raise MailboxError(f"mailbox command field {name}={show(value)} is not an integer")
     if value < low or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"in {low}..{high}"
         raise MailboxError(f"mailbox command field {name}={value} is not {allowed}")
     return value
 
 
+def _ifname(data: Mapping[str, Any]) -> str:
+    value = data.get("ifname") or ""
+    if not isinstance(value, str) or len(value) > NAME_MAX:
+        raise MailboxError(f"mailbox command field ifname={show(value)} is not an interface")
+    return value
+
+
 def parse_command(data: Mapping[str, Any]) -> Command:
     """The typed command of a decoded mailbox object; raises :class:`MailboxError`."""
     op = data.get("op")
-    seq = _int_field(data, "seq", 1)
+    seq = _int_field(data, "seq", 1, INT64_MAX)
     if op == Op.PAUSE:
         return Pause(seq=seq)
     if op == Op.DUMP:
         return Dump(seq=seq)
     if op not in (Op.REJOIN, Op.STRESS):
         raise MailboxError(
-            f"mailbox command op {op!r} is not one of {', '.join(o.value for o in Op)}"
+            f"mailbox command op {show(op)} is not one of {', '.join(o.value for o in Op)}"
         )
     addr = data.get("master_addr")
-    if not isinstance(addr, str) or not addr:
-        raise MailboxError(f"mailbox command field master_addr={addr!r} is not a host name")
-    world_size = _int_field(data, "world_size", 1)
+    if not isinstance(addr, str) or not addr or len(addr) > NAME_MAX:
+        raise MailboxError(f"mailbox command field master_addr={show(addr)} is not a host name")
+    world_size = _int_field(data, "world_size", 1, RANK_MAX + 1)
     if op == Op.STRESS:
         return Stress(
             seq=seq,
-            round=_int_field(data, "round", 1),
+            round=_int_field(data, "round", 1, GENERATION_MAX),
             master_addr=addr,
             master_port=_int_field(data, "master_port", 1, 65535),
             rank=_int_field(data, "rank", 0, world_size - 1),
@@ -169,14 +187,14 @@ def parse_command(data: Mapping[str, Any]) -> Command:
         )
     return Rejoin(
         seq=seq,
-        generation=_int_field(data, "generation", 0),
+        generation=_int_field(data, "generation", 0, GENERATION_MAX),
         master_addr=addr,
         master_port=_int_field(data, "master_port", 1, 65535),
         rank=_int_field(data, "rank", 0, world_size - 1),
         world_size=world_size,
         source=_int_field(data, "source", 0, world_size - 1),
-        step=_int_field(data, "step", 0),
-        ifname=str(data.get("ifname") or ""),
+        step=_int_field(data, "step", 0, STEP_MAX),
+        ifname=_ifname(data),
     )
 
 
@@ -192,8 +210,8 @@ def _read(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
+        data = parse(text, "its text")
+    except ProtocolError as e:
         raise MailboxError(f"mailbox {path} does not hold a JSON command: {e}") from None
     if not isinstance(data, dict):
         raise MailboxError(f"mailbox {path} holds {type(data).__name__}, not a JSON object")
@@ -203,7 +221,9 @@ def _read(path: Path) -> dict[str, Any] | None:
 def _seq_of(path: Path, data: Mapping[str, Any]) -> int:
     seq = data.get("seq")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-        raise MailboxError(f"mailbox {path} holds a command with seq={seq!r}, not an integer >= 1")
+        raise MailboxError(
+            f"mailbox {path} holds a command with seq={show(seq)}, not an integer >= 1"
+        )
     return seq
 
 

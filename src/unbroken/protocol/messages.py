@@ -17,8 +17,10 @@ Wire shapes (unchanged from the dicts sent before this module existed):
 - an order is an object with ``op`` (``restart``, ``end``, ``pause``, ``rejoin``, ``dump``,
   ``stress``, ``stop``) and its fields.
 
-A malformed message raises :class:`ProtocolError` (a ``ValueError``): the receiver refuses it
-and goes on. Standard library only.
+A malformed message raises :class:`ProtocolError` (a ``ValueError``) naming the message and
+the field: the receiver refuses it and goes on. Every field is read with its type and range
+(:mod:`unbroken.protocol.wire`): a pid is a process, a rank, a step or a port is in range, a
+number is finite, nothing is coerced from another type. Standard library only.
 """
 
 from __future__ import annotations
@@ -30,18 +32,37 @@ from typing import Any
 
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
-
-JsonObj = dict[str, Any]
+from unbroken.protocol.wire import (
+    DEVICE_MAX,
+    GENERATION_MAX,
+    ITEMS_MAX,
+    PID_MAX,
+    PORT_MAX,
+    RANK_MAX,
+    STEP_MAX,
+    TEXT_MAX,
+    TIME_MAX,
+    JsonObj,
+    ProtocolError,
+    field,
+    flag,
+    integer,
+    integers,
+    listed,
+    number,
+    obj,
+    optional_integer,
+    optional_text,
+    show,
+    text,
+    texts,
+)
 
 #: The unary methods agents call on the control plane, and the agents' command stream.
 HELLO = "AgentHello"
 HEARTBEAT = "AgentHeartbeat"
 REPORT = "AgentReport"
 COMMANDS = "AgentCommands"
-
-
-class ProtocolError(ValueError):
-    """A message that is not what this protocol says it must be."""
 
 
 # ---- reports (agent -> manager) ----------------------------------------------------------
@@ -234,11 +255,15 @@ def method_of(report: Report) -> str:
 
 def _record_row(record: HeartbeatRecord) -> JsonObj:
     """The record's fields that differ from their defaults (the reader fills in the others):
-    at 10k nodes the control plane reads 8 records a heartbeat, and most fields stay unset."""
+    at 10k nodes the control plane reads 8 records a heartbeat, and most fields stay unset.
+    A value the reader would refuse (a stamp that is not a number) is left unset; a record
+    whose pid is such a value is not sent."""
+    if not _sendable("pid", record.pid):
+        return {}
     row: JsonObj = {}
     for name, default in _RECORD_DEFAULTS:
         value = getattr(record, name)
-        if value != default:
+        if value != default and _sendable(name, value):
             row[name] = value
     row["phase"] = str(record.phase)
     return row
@@ -282,44 +307,6 @@ def encode_report(sender: Sender, report: Report) -> JsonObj:
     return body
 
 
-def _get(body: Mapping[str, Any], key: str) -> Any:
-    if key not in body:
-        raise ProtocolError(f"message {body.get('event', '')!r} has no field {key!r}")
-    return body[key]
-
-
-def _int(body: Mapping[str, Any], key: str) -> int:
-    value = _get(body, key)
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ProtocolError(f"message field {key}={value!r} is not an integer")
-    return int(value)
-
-
-def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
-    return None if body.get(key) is None else _int(body, key)
-
-
-def _float(body: Mapping[str, Any], key: str) -> float:
-    value = _get(body, key)
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ProtocolError(f"message field {key}={value!r} is not a number")
-    return float(value)
-
-
-def _ints(body: Mapping[str, Any], key: str) -> tuple[int, ...]:
-    values = body.get(key) or ()
-    if not isinstance(values, list | tuple):
-        raise ProtocolError(f"message field {key}={values!r} is not a list")
-    return tuple(int(v) for v in values)
-
-
-def _pids(body: Mapping[str, Any]) -> dict[int, int]:
-    pids = _get(body, "pids")
-    if not isinstance(pids, Mapping):
-        raise ProtocolError(f"message field pids={pids!r} is not an object")
-    return {int(r): int(p) for r, p in pids.items()}
-
-
 _RECORD_FIELDS = tuple(f for f in dataclasses.fields(HeartbeatRecord) if f.name != "phase")
 _RECORD_DEFAULTS = tuple(
     (f.name, f.default) for f in _RECORD_FIELDS if f.default is not dataclasses.MISSING
@@ -327,116 +314,170 @@ _RECORD_DEFAULTS = tuple(
 _RECORD_TYPES: dict[str, type[float] | type[int]] = {
     f.name: float if f.type in ("float", float) else int for f in _RECORD_FIELDS
 }
+#: A heartbeat record's integers (steps, counters, ids) and stamps on the wire: exact as JSON
+#: numbers, and wall stamps or durations.
+_RECORD_INT = 1 << 53
+#: A record's fields that share their key with the row's own (the record's value is sent).
+_ROW_RANGES = {"rank": (0, RANK_MAX), "pid": (0, PID_MAX)}
+_PHASES = {str(p) for p in Phase}
 
 
-def _record(row: Mapping[str, Any]) -> HeartbeatRecord | None:
+def _sendable(name: str, value: Any) -> bool:
+    """Whether a record's field is one the reader accepts (a rank's file may hold anything:
+    a stamp it never set right is sent as unset rather than have the whole heartbeat
+    refused)."""
+    if _RECORD_TYPES[name] is float:
+        return isinstance(value, int | float) and 0 <= value <= TIME_MAX  # not NaN nor inf
+    low, high = _ROW_RANGES.get(name, (-_RECORD_INT, _RECORD_INT))
+    return isinstance(value, int) and low <= value <= high
+
+
+def _record(row: Mapping[str, Any], what: str) -> HeartbeatRecord | None:
     if "phase" not in row:
         return None
+    phase = row["phase"]
+    if not isinstance(phase, str) or phase not in _PHASES:
+        raise ProtocolError(f"{what}: field phase={show(phase)} is not one of {sorted(_PHASES)}")
     values: dict[str, Any] = {}
-    for name, value in row.items():
-        kind = _RECORD_TYPES.get(name)
-        if kind is not None:
-            values[name] = kind(value)
-    try:
-        phase = Phase(row["phase"])
-    except ValueError:
-        raise ProtocolError(f"heartbeat row has unknown phase {row['phase']!r}") from None
-    return HeartbeatRecord(phase=phase, **values)
+    for name, kind in _RECORD_TYPES.items():
+        if name not in row:
+            continue
+        if kind is float:
+            values[name] = number(row, name, what)
+        else:
+            values[name] = integer(row, name, what, -_RECORD_INT, _RECORD_INT)
+    if "pid" not in values:
+        raise ProtocolError(f"{what} has a record without field 'pid'")
+    return HeartbeatRecord(phase=Phase(phase), **values)
 
 
-def _progress(row: Mapping[str, Any]) -> RankProgress:
+def _progress(value: Any, what: str) -> RankProgress:
+    row = obj(value, f"{what} row")
     return RankProgress(
-        rank=_int(row, "rank"),
-        pid=_int(row, "pid"),
-        alive=bool(row.get("alive", True)),
-        record=_record(row),
+        rank=integer(row, "rank", what, 0, RANK_MAX),
+        pid=integer(row, "pid", what, 0, PID_MAX),
+        alive=flag(row, "alive", what, default=True),
+        record=_record(row, what),
     )
+
+
+def _rank_pids(body: Mapping[str, Any], what: str) -> dict[int, int]:
+    """Field ``pids``: rank (a decimal string, JSON's object keys) -> the pid of its process."""
+    pids = obj(field(body, "pids", what), f"{what} field pids")
+    if len(pids) > ITEMS_MAX:
+        raise ProtocolError(f"{what}: field pids has more than {ITEMS_MAX} ranks")
+    out: dict[int, int] = {}
+    for key in pids:
+        if not (isinstance(key, str) and key.isdecimal() and len(key) <= 8):
+            raise ProtocolError(f"{what}: field pids has key {show(key)}, not a rank")
+        rank = int(key)
+        if rank > RANK_MAX:
+            raise ProtocolError(f"{what}: field pids has rank {rank}, more than {RANK_MAX}")
+        # A started rank has a process: pid 0 or -1 would be a process group to kill.
+        out[rank] = integer(pids, key, f"{what} pids", 1, PID_MAX)
+    return out
 
 
 def decode_report(method: str, body: Mapping[str, Any]) -> tuple[Sender, Report]:
-    """The sender and the typed report of a JSON object received by ``method``."""
+    """The sender and the typed report of a JSON object received by ``method``; raises
+    :class:`ProtocolError` naming the message and the field that is not well formed."""
+    body = obj(body, method)
+    what = method if method != REPORT else f"{REPORT} {show(body.get('event'))}"
     sender = Sender(
-        pod=str(_get(body, "pod")),
-        agent_pid=_int(body, "agent_pid"),
-        generation=int(body.get("generation", -1)),
-        at=float(body.get("at", 0.0)),
+        pod=text(body, "pod", what),
+        agent_pid=integer(body, "agent_pid", what, 1, PID_MAX),
+        generation=integer(body, "generation", what, -1, GENERATION_MAX, default=-1),
+        at=number(body, "at", what, default=0.0),
     )
     if method == HELLO:
         return sender, AgentHello(
-            pid=_int(body, "pid"), node_rank=_int(body, "node_rank"), nproc=_int(body, "nproc")
+            pid=integer(body, "pid", what, 1, PID_MAX),
+            node_rank=integer(body, "node_rank", what, 0, RANK_MAX),
+            nproc=integer(body, "nproc", what, 1, RANK_MAX),
         )
     if method == HEARTBEAT:
-        rows = body.get("ranks") or []
-        if not isinstance(rows, list):
-            raise ProtocolError(f"heartbeat field ranks={rows!r} is not a list")
-        return sender, AgentHeartbeat(ranks=tuple(_progress(r) for r in rows))
+        rows = listed(body, "ranks", what)
+        return sender, AgentHeartbeat(ranks=tuple(_progress(r, what) for r in rows))
     if method != REPORT:
-        raise ProtocolError(f"{method!r} is not a method agents call")
-    return sender, _event(body)
+        raise ProtocolError(f"{show(method)} is not a method agents call")
+    return sender, _event(body, what)
 
 
-def _event(body: Mapping[str, Any]) -> Event:
-    name = _get(body, "event")
+def _rank(body: Mapping[str, Any], what: str, key: str = "rank") -> int:
+    return integer(body, key, what, 0, RANK_MAX)
+
+
+def _event(body: Mapping[str, Any], what: str) -> Event:
+    name = field(body, "event", what)
     match name:
         case "ranks-started":
-            return RanksStarted(pids=_pids(body), started_at=_float(body, "started_at"))
+            return RanksStarted(
+                pids=_rank_pids(body, what), started_at=number(body, "started_at", what)
+            )
         case "ranks-rejoined":
             return RanksRejoined(
-                pids=_pids(body),
-                joined=_ints(body, "joined"),
-                started_at=_float(body, "started_at"),
+                pids=_rank_pids(body, what),
+                joined=integers(body, "joined", what, 0, RANK_MAX),
+                started_at=number(body, "started_at", what),
             )
         case "rank-exited":
             return RankExited(
-                rank=_int(body, "rank"),
-                pid=_int(body, "pid"),
-                returncode=_int(body, "returncode"),
-                exited_at=_float(body, "exited_at"),
-                signal=None if not body.get("signal") else str(body["signal"]),
-                ended_after_failure=bool(body.get("ended_after_failure")),
-                traceback=str(body.get("traceback") or ""),
-                peer_failure=bool(body.get("peer_failure")),
-                committed=_opt_int(body, "committed"),
-                exception=str(body.get("exception") or ""),
+                rank=_rank(body, what),
+                pid=integer(body, "pid", what, 0, PID_MAX),
+                returncode=integer(body, "returncode", what, -(1 << 31), (1 << 31) - 1),
+                exited_at=number(body, "exited_at", what),
+                signal=optional_text(body, "signal", what) or None,
+                ended_after_failure=flag(body, "ended_after_failure", what, default=False),
+                traceback=optional_text(body, "traceback", what, TEXT_MAX),
+                peer_failure=flag(body, "peer_failure", what, default=False),
+                committed=optional_integer(body, "committed", what, 0, STEP_MAX),
+                exception=optional_text(body, "exception", what),
             )
         case "rank-failed":
-            failure = _FAILURES.get(str(_get(body, "failure")))
+            failure = _FAILURES.get(text(body, "failure", what))
             if failure is None:
                 raise ProtocolError(
-                    f"rank-failed failure {body['failure']!r} is not one of {', '.join(_FAILURES)}"
+                    f"{what}: field failure={show(body['failure'])} is not one of "
+                    + ", ".join(_FAILURES)
                 )
             return RankFailed(
-                rank=_int(body, "rank"),
-                pid=_int(body, "pid"),
+                rank=_rank(body, what),
+                pid=integer(body, "pid", what, 0, PID_MAX),
                 failure=failure,
-                failed_step=_int(body, "failed_step"),
-                failed_at=_float(body, "failed_at"),
-                device=_opt_int(body, "device"),
-                traceback=str(body.get("traceback") or ""),
+                failed_step=integer(body, "failed_step", what, -1, STEP_MAX),
+                failed_at=number(body, "failed_at", what),
+                device=optional_integer(body, "device", what, 0, DEVICE_MAX),
+                traceback=optional_text(body, "traceback", what, TEXT_MAX),
             )
         case "rank-hung":
             return RankHung(
-                rank=_int(body, "rank"),
-                pid=_int(body, "pid"),
-                silent_s=_float(body, "silent_s"),
-                timeout_s=_float(body, "timeout_s"),
-                last_tick_at=_float(body, "last_tick_at"),
+                rank=_rank(body, what),
+                pid=integer(body, "pid", what, 0, PID_MAX),
+                silent_s=number(body, "silent_s", what),
+                timeout_s=number(body, "timeout_s", what),
+                last_tick_at=number(body, "last_tick_at", what),
             )
         case "plane-changed":
             return PlaneCarrierChanged(
-                plane=str(_get(body, "plane")),
-                up=bool(_get(body, "up")),
-                changed_at=_float(body, "changed_at"),
-                planes=tuple(str(p) for p in body.get("planes") or ()),
+                plane=text(body, "plane", what),
+                up=flag(body, "up", what),
+                changed_at=number(body, "changed_at", what),
+                planes=texts(body, "planes", what),
             )
         case "pod-finished":
-            return PodFinished(without_session=_ints(body, "without_session"))
+            return PodFinished(without_session=integers(body, "without_session", what, 0, RANK_MAX))
         case "pod-stopped":
             return PodStopped()
         case _:
             raise ProtocolError(
-                f"report event {name!r} is not one of {', '.join(_EVENT_NAMES.values())}"
+                f"report event {show(name)} is not one of {', '.join(_EVENT_NAMES.values())}"
             )
+
+
+def decode_subscription(body: Mapping[str, Any]) -> tuple[str, int]:
+    """The pod and the agent's pid of a request for an agent's order stream (:data:`COMMANDS`)."""
+    body = obj(body, COMMANDS)
+    return text(body, "pod", COMMANDS), integer(body, "pid", COMMANDS, 1, PID_MAX)
 
 
 def encode_answer(answer: HelloAnswer) -> JsonObj:
@@ -456,14 +497,23 @@ def encode_answer(answer: HelloAnswer) -> JsonObj:
 
 
 def decode_answer(body: Mapping[str, Any]) -> HelloAnswer:
-    if not body.get("ok"):
-        return HelloAnswer(ok=False, error=str(body.get("error", "")))
+    """The typed answer to a hello; raises :class:`ProtocolError`."""
+    what = f"{HELLO} answer"
+    body = obj(body, what)
+    if not flag(body, "ok", what, default=False):
+        return HelloAnswer(ok=False, error=optional_text(body, "error", what, TEXT_MAX))
     join = body.get("join")
     return HelloAnswer(
         ok=True,
-        generation=_int(body, "generation"),
-        join=None if not join else JoinFrom(source=_int(join, "source"), step=_int(join, "step")),
-        heartbeat_s=_float(body, "heartbeat_s") if "heartbeat_s" in body else 0.0,
+        generation=integer(body, "generation", what, 0, GENERATION_MAX),
+        join=None if join is None else _join(obj(join, f"{what} field join"), what),
+        heartbeat_s=number(body, "heartbeat_s", what, default=0.0),
+    )
+
+
+def _join(join: Mapping[str, Any], what: str) -> JoinFrom:
+    return JoinFrom(
+        source=_rank(join, what, "source"), step=integer(join, "step", what, 0, STEP_MAX)
     )
 
 
@@ -575,40 +625,48 @@ def encode_order(order: Order) -> JsonObj:
 
 
 def decode_order(body: Mapping[str, Any]) -> Order:
-    """The typed order of a JSON object from the command stream."""
+    """The typed order of a JSON object from the command stream; raises
+    :class:`ProtocolError`."""
+    body = obj(body, "order")
     op = body.get("op")
+    what = f"order {show(op)}"
     match op:
         case "restart":
             return RestartRanks(
-                generation=_int(body, "generation"), master_port=int(body.get("master_port") or 0)
+                generation=integer(body, "generation", what, 0, GENERATION_MAX),
+                master_port=integer(body, "master_port", what, 0, PORT_MAX, default=0),
             )
         case "end":
-            return EndRanks(ranks=_ints(body, "ranks"))
+            return EndRanks(ranks=integers(body, "ranks", what, 0, RANK_MAX))
         case "pause":
             return PauseRanks()
         case "rejoin":
             return RejoinRanks(
-                generation=_int(body, "generation"),
-                master_port=_int(body, "master_port"),
-                source=_int(body, "source"),
-                step=_int(body, "step"),
-                replace=_ints(body, "replace"),
-                world=_ints(body, "world") if "world" in body else (),
-                plane=str(body.get("plane") or ""),
+                generation=integer(body, "generation", what, 0, GENERATION_MAX),
+                master_port=integer(body, "master_port", what, 1, PORT_MAX),
+                source=_rank(body, what, "source"),
+                step=integer(body, "step", what, 0, STEP_MAX),
+                replace=integers(body, "replace", what, 0, RANK_MAX),
+                world=integers(body, "world", what, 0, RANK_MAX),
+                plane=optional_text(body, "plane", what),
             )
         case "cut-plane":
-            return CutPlane(plane=str(_get(body, "plane")))
+            return CutPlane(plane=text(body, "plane", what))
         case "dump":
-            return WriteLastWords(rank=_int(body, "rank"))
+            return WriteLastWords(rank=_rank(body, what))
         case "stress":
-            return StressRanks(round=_int(body, "round"), master_port=_int(body, "master_port"))
+            return StressRanks(
+                round=integer(body, "round", what, 0, GENERATION_MAX),
+                master_port=integer(body, "master_port", what, 1, PORT_MAX),
+            )
         case "stop":
             grace = body.get("grace_s")
             return StopPod(
-                grace_s=None if grace is None else float(grace), success=bool(body.get("success"))
+                grace_s=None if grace is None else number(body, "grace_s", what),
+                success=flag(body, "success", what, default=False),
             )
         case _:
-            raise ProtocolError(f"order op {op!r} is not one of {', '.join(_OPS.values())}")
+            raise ProtocolError(f"order op {show(op)} is not one of {', '.join(_OPS.values())}")
 
 
 __all__ = [

@@ -20,10 +20,22 @@ are the seed's (``StressTestOpResult.code``), :class:`StressCode`. Standard libr
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any
+
+from unbroken.protocol.wire import (
+    RANK_MAX,
+    TEXT_MAX,
+    ProtocolError,
+    integer,
+    listed,
+    loads,
+    number,
+    obj,
+    optional_text,
+    text,
+)
 
 #: The seed and the size of the device check's matrices (the same on every rank and every run).
 DEVICE_SEED = 20240607
@@ -32,6 +44,8 @@ DEVICE_SIZE = 96
 LINK_BYTES = 4 << 20
 #: The store prefix of a stress test's process group and results.
 STORE_PREFIX = "stress"
+#: A link's bandwidth as a rank may report it, GB/s.
+_GBPS_MAX = 1e9
 
 
 class StressCode(IntEnum):
@@ -123,7 +137,7 @@ def group_prefix(round_: int) -> str:
     return f"{STORE_PREFIX}{round_}/pg"
 
 
-class StressProtocolError(ValueError):
+class StressProtocolError(ProtocolError):
     """A stress result that is not what this module says it must be."""
 
 
@@ -145,41 +159,35 @@ def encode_result(result: RankStressResult) -> bytes:
     ).encode()
 
 
-def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = data.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise StressProtocolError(f"stress result field {name}={value!r} is not {kind}")
-    return value
+_WHAT = "stress result"
+
+
+def _link(value: Any) -> LinkMeasure:
+    m = obj(value, f"{_WHAT} link")
+    return LinkMeasure(
+        peer=integer(m, "peer", _WHAT, 0, RANK_MAX),
+        gbps=number(m, "gbps", _WHAT, high=_GBPS_MAX),
+        seconds=number(m, "seconds", _WHAT),
+        error=optional_text(m, "error", _WHAT, TEXT_MAX),
+    )
 
 
 def decode_result(raw: bytes) -> RankStressResult:
+    """The result a rank wrote (the stress test's store has no authentication: anything may
+    be there); raises :class:`StressProtocolError`."""
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise StressProtocolError(f"stress result is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise StressProtocolError("stress result is not a JSON object")
-    try:
-        code = StressCode(_field(data, "device_code", int))
-    except ValueError:
-        raise StressProtocolError(f"stress result code {data['device_code']!r} unknown") from None
-    links = data.get("links") or []
-    if not isinstance(links, list):
-        raise StressProtocolError(f"stress result field links={links!r} is not a list")
-    return RankStressResult(
-        rank=_field(data, "rank", int),
-        device_code=code,
-        checksum=str(_field(data, "checksum", str)),
-        expected=str(_field(data, "expected", str)),
-        device_s=float(_field(data, "device_s", (int, float))),
-        links=tuple(
-            LinkMeasure(
-                peer=_field(m, "peer", int),
-                gbps=float(_field(m, "gbps", (int, float))),
-                seconds=float(_field(m, "seconds", (int, float))),
-                error=str(m.get("error") or ""),
-            )
-            for m in links
-        ),
-        error=str(data.get("error") or ""),
-    )
+        data = loads(raw, _WHAT)
+        code = integer(data, "device_code", _WHAT, min(StressCode), max(StressCode))
+        return RankStressResult(
+            rank=integer(data, "rank", _WHAT, 0, RANK_MAX),
+            device_code=StressCode(code),
+            checksum=text(data, "checksum", _WHAT),
+            expected=text(data, "expected", _WHAT),
+            device_s=number(data, "device_s", _WHAT),
+            links=tuple(_link(m) for m in listed(data, "links", _WHAT)),
+            error=optional_text(data, "error", _WHAT, TEXT_MAX),
+        )
+    except StressProtocolError:
+        raise
+    except ProtocolError as exc:
+        raise StressProtocolError(str(exc)) from None

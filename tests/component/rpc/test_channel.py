@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,9 +16,10 @@ from typing import Any
 
 import grpc
 import pytest
+from tests.support.flood import IdleConnections
 
 from unbroken.manager.service import Answer, Inbound
-from unbroken.rpc import ControlClient, ControlServer, RpcError
+from unbroken.rpc import ControlClient, ControlServer, RpcError, channel
 
 pytestmark = pytest.mark.component
 
@@ -202,3 +205,35 @@ def test_a_connection_gone_dark_ends_its_streams_on_the_server() -> None:
         client.close()
         server.stop()
         loop.call_soon_threadsafe(loop.stop)
+
+
+def test_idle_connections_without_the_secret_are_bounded_and_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hundreds of connections that never send a byte, opened again as soon as they close:
+    the server holds no more than its bound (from the descriptors the process has), drops
+    each that sends nothing in time, and a client with the secret is served after them."""
+    monkeypatch.setattr(channel, "HANDSHAKE_S", 1.0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+    try:
+        server = _server()  # its bound is taken from the process's descriptors now
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    bound = channel.connection_limit(512)
+    assert bound == 384
+    try:
+        descriptors = len(os.listdir("/proc/self/fd"))
+        with IdleConnections([server.address], 600) as flood:
+            deadline = time.monotonic() + 60.0
+            while flood.closed_by_server < 1200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                opened = sum(flood.open_now().values())
+                held = len(os.listdir("/proc/self/fd")) - descriptors - opened
+                assert held <= bound + 4, held
+            assert flood.closed_by_server >= 1200  # refused past the bound, or dropped idle
+        client = ControlClient(server.address, "s3cret")
+        assert client.call("Echo", {"x": 1}) == {"echo": 1}
+        client.close()
+    finally:
+        server.stop()

@@ -17,6 +17,7 @@ def test_the_protocol_imports_only_the_standard_library() -> None:
         "import json, sys\n"
         "import unbroken.protocol, unbroken.protocol.messages, unbroken.protocol.mailbox\n"
         "import unbroken.protocol.stress, unbroken.protocol.hosts\n"
+        "import unbroken.protocol.wire, unbroken.protocol.calls\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run(
@@ -27,7 +28,17 @@ def test_the_protocol_imports_only_the_standard_library() -> None:
         "unbroken",
         *(
             f"unbroken.protocol{s}"
-            for s in ("", ".kinds", ".heartbeat", ".mailbox", ".messages", ".stress", ".hosts")
+            for s in (
+                "",
+                ".kinds",
+                ".heartbeat",
+                ".mailbox",
+                ".messages",
+                ".stress",
+                ".hosts",
+                ".wire",
+                ".calls",
+            )
         ),
     }
     heavy = {"torch", "grpc", "yaml"} & {m.split(".")[0] for m in json.loads(out.stdout)}
