@@ -115,7 +115,7 @@ def main() -> int:
         a, b = PLANE_IFNAMES
         for i in range(2):
             argv = [sys.executable, "-m", "unbroken", "launch", "--join", control]
-            argv += ["--token-file", str(token), "--node", f"node-{i}"]
+            argv += ["--credentials", str(run_dir / "hosts" / f"node-{i}.json")]
             argv += ["--plane", f"a={a}", "--plane", f"b={b}"]
             procs.append(subprocess.Popen(h.argv(i, argv), env=_env(), stdout=log, stderr=log))
         _wait(lambda: _kinds(run_dir, "FirstStepCommitted"), "the first step", 180)

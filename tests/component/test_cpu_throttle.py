@@ -66,6 +66,9 @@ class _Node:
     def node_pids(self, node: str) -> list[int]:
         return [self.pid] if node == "node-1" else []
 
+    def host(self, node: str) -> None:  # every node is on this machine
+        return None
+
 
 @pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
 def test_a_throttle_entry_holds_the_nodes_processes_until_released() -> None:

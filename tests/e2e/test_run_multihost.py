@@ -1,7 +1,9 @@
 """Across hosts: a host's agent (``unbroken launch --join``) joins a control plane on another host.
 
-Each host is a network namespace on a bridge (tests/e2e/netns_hosts.py); the control plane's
-server listens on the root namespace's bridge address, which only the hosts' links reach.
+Each host is a network namespace on a bridge (tests/support/netns_hosts.py); the control plane's
+server listens on the root namespace's bridge address, which only the hosts' links reach. Each
+host joins with its node's credentials (mutual TLS), made as a user makes them: by ``unbroken
+credentials`` for a token of the user's, or by ``unbroken serve`` in ``RUN_DIR/hosts``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,8 +33,10 @@ from tests.support.cli_runs import (
     wait_for,
 )
 from tests.support.netns_hosts import PLANE_IFNAMES, Hosts, hosts
+from tests.support.remote_hosts import provision
 
 from unbroken.manager.service import CommandQueues, Inbound, NodeRegistry, build_server
+from unbroken.rpc.tls import node_identity, write_credentials
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +61,7 @@ def _join(
     h: Hosts,
     i: int,
     control: str,
-    token: Path,
+    credentials: Path,
     node: str,
     env: dict[str, str] | None = None,
     private: Path | None = None,
@@ -72,8 +77,8 @@ def _join(
         "launch",
         "--join",
         control,
-        "--token-file",
-        str(token),
+        "--credentials",
+        str(credentials),
         "--node",
         node,
         *(["--devices", "2"] if warm else []),
@@ -104,8 +109,9 @@ def _join(
 def test_host_agents_join_over_the_bridge_and_refuse_bad_tokens_and_downed_links(
     tmp_path: Path,
 ) -> None:
-    secret = secrets.token_hex(16)
-    registry = NodeRegistry()
+    material = provision(tmp_path / "job", "node-0", "node-1")
+    secret = material.token.read_text().strip()
+    registry = NodeRegistry(tls=material.server())
     commands = CommandQueues()
     with hosts(2) as h:
         server = build_server(
@@ -121,11 +127,8 @@ def test_host_agents_join_over_the_bridge_and_refuse_bad_tokens_and_downed_links
         try:
             control = server.address
             # Two hosts join; each is known by the address it has on the bridge.
-            tokens = []
-            for i in range(2):
-                (tmp_path / f"h{i}").mkdir()
-                tokens.append(_token_file(tmp_path / f"h{i}", secret))
-            agents = [_join(h, i, control, tokens[i], f"node-{i}") for i in range(2)]
+            creds = [material.hosts[f"node-{i}"] for i in range(2)]
+            agents = [_join(h, i, control, creds[i], f"node-{i}") for i in range(2)]
             deadline = time.monotonic() + 30.0
             while len(registry.nodes()) < 2 and time.monotonic() < deadline:
                 assert all(a.poll() is None for a in agents), [a.communicate() for a in agents]
@@ -141,17 +144,25 @@ def test_host_agents_join_over_the_bridge_and_refuse_bad_tokens_and_downed_links
                 _, err = a.communicate(timeout=15)
                 assert a.returncode == 0, err
 
-            # A wrong token: one line, exit 1.
-            (tmp_path / "bad").mkdir()
-            bad = _join(h, 1, control, _token_file(tmp_path / "bad", "0" * 32), "node-9")
+            # A wrong token with the job's authority: one line, exit 1.
+            wrong = tmp_path / "wrong.json"
+            wrong_token = replace(material.issue(node_identity("node-9")), token="0" * 32)
+            write_credentials(wrong, wrong_token)
+            bad = _join(h, 1, control, wrong, "node-9")
             _, err = bad.communicate(timeout=30)
             assert bad.returncode == 1
             assert err.count("\n") == 1 and "missing or wrong run secret" in err, err
+            # Another job's credentials: the control plane is not theirs, one line, exit 1.
+            other = provision(tmp_path / "other", "node-9").hosts["node-9"]
+            bad = _join(h, 1, control, other, "node-9")
+            _, err = bad.communicate(timeout=30)
+            assert bad.returncode == 1
+            assert err.count("\n") == 1 and "failed the TLS handshake" in err, err
             assert "node-9" not in {n.node for n in registry.nodes()}
 
             # Host 1's link taken down: the control plane is unreachable from it, one line.
             h.set_link(1, up=False)
-            lost = _join(h, 1, control, tokens[1], "node-1")
+            lost = _join(h, 1, control, creds[1], "node-1")
             _, err = lost.communicate(timeout=60)
             assert lost.returncode == 1
             assert err.count("\n") == 1 and f"cannot join {control}" in err, err
@@ -215,6 +226,19 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
     private = fault == "killed-rank"
     chaos = ["--chaos", str(FIXTURES / "kill-rank.yaml")] if private else []
     given = ["--secret-file", str(_token_file(tmp_path / "given", secrets.token_hex(16)))]
+    nodes = [f"node-{i}" for i in range(3)]
+    if private:  # the user's token: its hosts' credentials made before the control plane
+        made = subprocess.run(
+            [sys.executable, "-m", "unbroken", "credentials", *given, "--out-dir", "creds"]
+            + [a for n in nodes for a in ("--node", n)],
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert made.returncode == 0, made.stderr
+    creds = tmp_path / "creds" if private else run_dir / "hosts"
     with hosts(3) as h:
         control = f"{h.root_address()}:{_free_port()}"
         serve = subprocess.Popen(
@@ -248,7 +272,8 @@ def test_a_job_across_namespace_hosts_recovers_to_the_fault_free_model(
                 env = {**cli_env(), "GLOO_SOCKET_IFNAME": PLANE_IFNAMES[0], "TMPDIR": str(tmp_path)}
                 own = run_dir / "pods" if private else None
                 warm = fault == "lost-host"  # where a pod starts on a host after the start
-                agents.append(_join(h, i, control, token, f"node-{i}", env, own, warm))
+                node_creds = creds / f"node-{i}.json"
+                agents.append(_join(h, i, control, node_creds, f"node-{i}", env, own, warm))
             if fault in ("lost-host", "downed-link"):
                 wait_for(lambda: _checkpointed(run_dir), "a checkpoint", 120.0)
                 if fault == "lost-host":

@@ -19,6 +19,8 @@ import pytest
 from tests.support.cli_runs import (
     JOB,
     assert_no_processes_left,
+    events,
+    of_kind,
     start_job,
     status,
     unbroken,
@@ -152,28 +154,75 @@ def test_a_live_run_is_on_loopback_private_and_its_own(tmp_path: Path, run_dir: 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signalled_run_stops_every_process_and_reads_as_stopped(
+def test_a_signalled_run_stops_every_process_and_records_the_stop(
     tmp_path: Path, run_dir: Path, sig: signal.Signals
 ) -> None:
+    """A graceful stop is the run's own terminal record: ``JobStopped`` with the signal and the
+    step, the status ``Stopped``, the shell's exit code for the signal, and no process left."""
     bg = start_job(run_dir, tmp_path / "logs", "--quiet", job=long_job(tmp_path))
     try:
         wait_for(lambda: running_with_ranks(run_dir), "every rank training", START_S)
+        wait_for(lambda: (status(run_dir) or {}).get("step", 0) > 0, "a step committed", START_S)
         bg.proc.send_signal(sig)
         res = bg.wait(60.0)
     finally:
         bg.stop()
-    assert res.rc == 1, res.explain()
-    assert res.stderr == (
-        f"unbroken run: stopped by {sig.name}; every process of the run was stopped\n"
-    ), res.explain()
+    assert res.rc == 128 + sig.value, res.explain()  # 130 for SIGINT, 143 for SIGTERM
     assert_no_processes_left(run_dir, deadline_s=5.0)
+    (stopped,) = of_kind(events(run_dir), "JobStopped")
+    assert stopped["signal"] == sig.name and stopped["step"] > 0, stopped
+    step = stopped["step"]
+    assert res.stderr == (
+        f"unbroken run: stopped by {sig.name} at step {step}; every process of the run was "
+        "stopped\n"
+    ), res.explain()
     st = unbroken("status", run_dir)
     assert st.rc == 0, st.explain()
-    assert "phase:       stopped (control plane not running; last recorded: Running" in (
-        st.stdout
-    ), st.explain()
+    assert f"phase:       Stopped (stopped by {sig.name} at step {step})\n" in st.stdout, (
+        st.explain()
+    )
     as_json = status(run_dir)
-    assert as_json is not None and as_json["control_plane"] == "stopped", as_json
+    assert as_json is not None, as_json
+    assert (as_json["control_plane"], as_json["phase"], as_json["step"]) == (
+        "stopped",
+        "Stopped",
+        step,
+    )
+    assert as_json["goodput"]["finished"] is True, as_json
+
+
+def test_a_control_plane_of_other_hosts_stopped_by_sigint_records_the_stop(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """``unbroken serve`` stops as ``unbroken run`` does: stopped while its hosts have not
+    joined yet, it records the stop at step 0 and exits 130."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    listen = f"127.0.0.1:{port}"
+    bg = start_job(run_dir, tmp_path / "logs", "--listen", listen, "--quiet", command="serve")
+    try:
+        wait_for(
+            lambda: (
+                (run_dir / "ledger.db").exists() and bool(of_kind(events(run_dir), "PodPlaced"))
+            ),
+            "a pod placed",
+            START_S,
+        )
+        bg.proc.send_signal(signal.SIGINT)
+        res = bg.wait(60.0)
+    finally:
+        bg.stop()
+    assert res.rc == 130, res.explain()
+    assert res.stderr.splitlines()[-1] == (
+        "unbroken serve: stopped by SIGINT at step 0; every process of the run was stopped"
+    ), res.explain()
+    assert_no_processes_left(run_dir, deadline_s=5.0)
+    (stopped,) = of_kind(events(run_dir), "JobStopped")
+    assert stopped["signal"] == "SIGINT" and stopped["step"] == 0, stopped
+    as_json = status(run_dir)
+    assert as_json is not None and as_json["phase"] == "Stopped", as_json
+    assert as_json["message"] == "stopped by SIGINT at step 0", as_json
 
 
 def test_a_killed_run_reads_as_stopped(tmp_path: Path, run_dir: Path) -> None:

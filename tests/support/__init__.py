@@ -11,7 +11,11 @@
 - :mod:`tests.support.recovery_job`: a job of recovery rank processes, playing agent and
   manager (heartbeats, mailboxes, rejoin commands);
 - :mod:`tests.support.manager_job`: the job manager as one component, with scripted agents and
-  a fake clock.
+  a fake clock;
+- :mod:`tests.support.hostile`: the protocol's messages mutated as a hostile or broken peer
+  sends them (hypothesis), and a check that a decoded value is what its type says;
+- :mod:`tests.support.flood`: idle connections held open to a server, as anyone on the host
+  can open them.
 
 The scripts that tests run as rank processes are not here: they stay next to their tests and
 import nothing from the test tree. Test modules never import each other: what two of them

@@ -141,10 +141,13 @@ def run_job(
     return unbroken("run", job, "--run-dir", run_dir, "--quiet", *extra, timeout_s=timeout_s)
 
 
-def start_job(run_dir: Path, logs: Path, *extra: str | Path, job: Path = JOB) -> Background:
-    """``unbroken run`` in the background, its output in files under ``logs``."""
+def start_job(
+    run_dir: Path, logs: Path, *extra: str | Path, job: Path = JOB, command: str = "run"
+) -> Background:
+    """``unbroken run`` (or ``command``: ``serve``) in the background, its output in files under
+    ``logs``."""
     logs.mkdir(parents=True, exist_ok=True)
-    argv = tuple(str(a) for a in ("run", job, "--run-dir", run_dir, *extra))
+    argv = tuple(str(a) for a in (command, job, "--run-dir", run_dir, *extra))
     out = (logs / "stdout").open("w")
     err = (logs / "stderr").open("w")
     proc = subprocess.Popen(

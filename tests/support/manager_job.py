@@ -190,10 +190,13 @@ def scripted_job(
     offline_reset: bool = False,
     min_pods: int | None = None,
     code_table: Path | None = None,
+    session: bool = True,
     **handling: Any,
 ) -> Job:
-    """The two-pod job (2 ranks each) on ``nodes`` nodes, every rank training at step 10.
-    ``handling``: fields of its fault handling other than the defaults here."""
+    """The two-pod job (2 ranks each) on ``nodes`` nodes, every rank training at step 10
+    (without ``session``: every rank started, none wrote a heartbeat record, as the ranks of a
+    plain torchrun script). ``handling``: fields of its fault handling other than the defaults
+    here."""
     monkeypatch.setenv("UNBROKEN_STANDBY", "0")  # no warm spare agents: no processes
     layout = JobLayout(
         job_id="job",
@@ -242,9 +245,16 @@ def scripted_job(
         assert answer.ok and answer.generation == 0 and answer.join is None
         a.rank_pids = {r: 2000 + r for r in a.ranks}
         a.send(RanksStarted(pids=a.rank_pids, started_at=T0))
-        a.beat(Phase.TRAINING, committed=10)
+        if session:
+            a.beat(Phase.TRAINING, committed=10)
+        else:
+            a.send(
+                AgentHeartbeat(
+                    ranks=tuple(RankProgress(r, pid, True) for r, pid in a.rank_pids.items())
+                )
+            )
     job.tick()
-    assert job.events("FirstStepCommitted") and job.m.incidents.open is None
+    assert bool(job.events("FirstStepCommitted")) is session and job.m.incidents.open is None
     return job
 
 

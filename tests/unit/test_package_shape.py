@@ -31,6 +31,7 @@ LAYERS: tuple[frozenset[str], ...] = (
 #: Imports between parts of one layer, each one way.
 ALSO = {
     ("faults", "protocol"),
+    ("rpc", "protocol"),
     ("report", "ledger"),
     ("worker", "checkpoint"),
     ("worker", "devices"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from unbroken.agent.launcher import LaunchArgs
 
 #: Variables that give access to the control plane; ranks never see them.
-CONTROL_VARS = ("UNBROKEN_CONTROL", "UNBROKEN_SECRET")
+CONTROL_VARS = ("UNBROKEN_CONTROL", "UNBROKEN_SECRET", "UNBROKEN_CREDENTIALS")
 
 
 def rank_env(

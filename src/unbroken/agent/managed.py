@@ -87,6 +87,7 @@ from unbroken.protocol.messages import (
     method_of,
 )
 from unbroken.rpc import ControlClient, RpcError
+from unbroken.rpc.tls import CredentialsError, read_credentials
 from unbroken.worker.linkfault import LinkFaultError
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class AgentSettings:
     hang: HangSettings = dataclasses.field(default_factory=HangSettings)
     control_timeout_s: float = 10.0
     standby: bool = True  # keep a zygote that forks ranks warm (UNBROKEN_STANDBY=0: off)
+    #: The host's credentials (a pod on a joined host): the token and mutual TLS from there.
+    credentials: Path | None = None
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> AgentSettings | None:
@@ -111,7 +114,7 @@ class AgentSettings:
         return AgentSettings(
             pod=env["UNBROKEN_POD"],
             control=control,
-            secret=env["UNBROKEN_SECRET"],
+            secret=env.get("UNBROKEN_SECRET", ""),
             run_dir=Path(env["UNBROKEN_RUN_DIR"]),
             hang=HangSettings(
                 factor=float(env.get("UNBROKEN_HANG_FACTOR", str(HangSettings.factor))),
@@ -119,7 +122,22 @@ class AgentSettings:
                 startup_s=float(env.get("UNBROKEN_HANG_STARTUP_S", str(HangSettings.startup_s))),
             ),
             standby=env.get("UNBROKEN_STANDBY", "1") != "0",
+            credentials=Path(env["UNBROKEN_CREDENTIALS"])
+            if env.get("UNBROKEN_CREDENTIALS")
+            else None,
         )
+
+
+def _client(settings: AgentSettings) -> ControlClient:
+    """The agent's client of the control plane: with its host's credentials (mutual TLS, the
+    token from there) on a joined host, else with the secret it was given."""
+    if settings.credentials is None:
+        return ControlClient(settings.control, settings.secret, timeout_s=3.0)
+    try:
+        creds = read_credentials(settings.credentials, "UNBROKEN_CREDENTIALS")
+    except CredentialsError as exc:
+        raise AgentExit(2, str(exc)) from None
+    return ControlClient(settings.control, creds.token, timeout_s=3.0, tls=creds)
 
 
 class AgentExit(Exception):
@@ -132,7 +150,7 @@ class ManagedAgent:
     def __init__(self, args: LaunchArgs, settings: AgentSettings) -> None:
         self.args = args
         self.s = settings
-        self.client = ControlClient(settings.control, settings.secret, timeout_s=3.0)
+        self.client = _client(settings)
         self.generation = -1
         self.ranks: dict[int, RankProcess] = {}
         self.done: set[int] = set()

@@ -1,15 +1,25 @@
-"""``unbroken launch --join HOST:PORT --token-file F --node NAME``: the agent of one host.
+"""``unbroken launch --join HOST:PORT --credentials FILE``: the agent of one host.
 
 It registers its node (name, device count, the address other hosts reach it on) with a control
-plane on another host over the authenticated control channel, then follows the node's order
-stream until the control plane closes it (the calls and orders of
-:mod:`unbroken.protocol.hosts`). A control plane that cannot be reached, or that refuses the
-token, ends it with one line and exit 1. The control plane's handle on a pod started here is
-:class:`unbroken.manager.remotepods.RemoteChild`.
+plane on another host over the control channel, mutual TLS (:mod:`unbroken.rpc.tls`), then
+follows the node's order stream until the control plane closes it (the calls and orders of
+:mod:`unbroken.protocol.hosts`). Nothing is sent, the token included, before the server proved
+with its certificate that it is the job's control plane; a server that cannot, a control plane
+that cannot be reached, or one that refuses the token, ends it with one line and exit 1.
 
-The token is the run's shared secret, read from a file that only its owner may read (the
-control plane writes it with mode 0600); it never appears on a command line, where ``ps`` shows
-it to every user of the host.
+Its credentials are its node's (``--credentials``: a file written by ``unbroken credentials`` or
+``unbroken serve``, which holds the run's token, the job's authority and the node's own
+certificate). On Kubernetes each host pod has the job's Secret instead (``--token-file``: the
+token, and the job's authority ``ca.crt``/``ca.key`` beside it), and makes its node's
+certificate from it. Either file is refused when others may read it; no secret appears on a
+command line, where ``ps`` shows it to every user of the host.
+
+The host acts on what it started alone (:class:`unbroken.agent.hostprocs.OwnProcesses`): a pid in
+an order that is no process it started for a pod, or a descendant of one, is refused. A pod's
+agent starts with the host's environment as its base, the pod's planned environment from the
+order (less what only the host decides, :data:`unbroken.protocol.hosts.HOST_VARS`), and the
+host's own way to the control plane: its ``--join`` address and its credentials' file. The
+control plane's handle on a pod started here is :class:`unbroken.manager.remotepods.RemoteChild`.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -28,7 +39,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from unbroken.agent.hostprocs import OrderRefused, OwnProcesses
 from unbroken.agent.launcher import LaunchUsageError, parse_launch_args
 from unbroken.agent.planes import (
     PLANES_VAR,
@@ -38,8 +51,33 @@ from unbroken.agent.planes import (
     encode_planes,
     parse_plane,
 )
-from unbroken.protocol.hosts import JOIN, NODE_ORDERS, NODE_POD, PYTHON, SIGNAL, START
+from unbroken.protocol.hosts import (
+    DOWN,
+    JOIN,
+    KILL,
+    LINK,
+    NODE_DONE,
+    NODE_ORDERS,
+    NODE_POD,
+    PYTHON,
+    SIGNAL,
+    START,
+    THROTTLE,
+    host_decides,
+)
 from unbroken.rpc import ControlClient, RpcError
+from unbroken.rpc.tls import (
+    Credentials,
+    CredentialsError,
+    node_identity,
+    read_credentials,
+    write_credentials,
+)
+
+log = logging.getLogger(__name__)
+
+#: The variable that tells a pod's agent where its host's credentials are.
+CREDENTIALS_VAR = "UNBROKEN_CREDENTIALS"
 
 
 class JoinError(RuntimeError):
@@ -49,10 +87,11 @@ class JoinError(RuntimeError):
 @dataclass(frozen=True)
 class JoinArgs:
     control: str
-    token_file: Path
     node: str
     devices: int
     address: str
+    credentials: Path | None = None  # --credentials: the node's own
+    token_file: Path | None = None  # --token-file: the job's Secret (the authority beside it)
     planes: tuple[Plane, ...] = ()
     warm_spare: bool = False  # --devices given: keep a spare agent of that many slots
 
@@ -63,8 +102,20 @@ def build_join_parser() -> argparse.ArgumentParser:
         description="Join this host's node to a control plane on another host.",
     )
     p.add_argument("--join", required=True, metavar="HOST:PORT", help="the control plane")
-    p.add_argument("--token-file", required=True, type=Path, help="the run's token (mode 0600)")
-    p.add_argument("--node", default=socket.gethostname(), help="this node's name")
+    creds = p.add_mutually_exclusive_group(required=True)
+    creds.add_argument(
+        "--credentials",
+        type=Path,
+        help="this node's credentials (mode 0600), from `unbroken credentials` or the "
+        "control plane's RUN_DIR/hosts/NODE.json",
+    )
+    creds.add_argument(
+        "--token-file",
+        type=Path,
+        help="the job's token (mode 0600) with the job's authority beside it (ca.crt, ca.key: "
+        "the operator's Secret); this host makes its node's certificate from it",
+    )
+    p.add_argument("--node", default=None, help="this node's name (default: the credentials')")
     p.add_argument(
         "--devices",
         type=int,
@@ -101,10 +152,17 @@ def parse_join_args(argv: Sequence[str]) -> JoinArgs:
         check_planes(planes)
     except PlaneError as exc:
         raise JoinError(str(exc)) from None
+    node = ns.node
+    if node is None:
+        node = socket.gethostname()
+        if ns.credentials is not None:  # the node the credentials are for
+            with contextlib.suppress(CredentialsError):
+                node = read_credentials(ns.credentials).node or node
     return JoinArgs(
         control=str(ns.join),
+        credentials=ns.credentials,
         token_file=ns.token_file,
-        node=str(ns.node),
+        node=str(node),
         devices=int(ns.devices or 1),
         warm_spare=ns.devices is not None,
         address=str(ns.address) or route_address(host, int(port)),
@@ -139,9 +197,54 @@ def read_token(path: Path, flag: str = "--token-file") -> str:
     return text
 
 
+def host_credentials(args: JoinArgs, private_dir: Path) -> tuple[Credentials, Path]:
+    """This node's credentials and the file its pods' agents read them from: the
+    ``--credentials`` file, or, with ``--token-file``, a certificate made here from the job's
+    authority beside the token and written to ``private_dir``."""
+    if args.credentials is not None:
+        try:
+            creds = read_credentials(args.credentials)
+        except CredentialsError as exc:
+            raise JoinError(str(exc)) from None
+        if creds.node is None:
+            raise JoinError(f"--credentials {args.credentials}: not a node's credentials")
+        if creds.node != args.node:
+            raise JoinError(
+                f"--node {args.node}: the credentials {args.credentials} are node {creds.node}'s"
+            )
+        return creds, args.credentials.absolute()
+    assert args.token_file is not None
+    token = read_token(args.token_file)
+    from unbroken.rpc.pki import load_authority  # cryptography: on this path alone
+
+    try:
+        authority = load_authority(args.token_file, "--token-file")
+    except CredentialsError as exc:
+        raise JoinError(str(exc)) from None
+    if authority is None:
+        raise JoinError(
+            f"--token-file {args.token_file}: no job authority beside it (ca.crt, ca.key); "
+            "join with --credentials FILE (unbroken credentials --secret-file TOKEN --node NAME)"
+        )
+    creds = authority.issue(node_identity(args.node), token)
+    path = private_dir / "credentials.json"
+    write_credentials(path, creds)
+    return creds, path
+
+
 def join(args: JoinArgs, timeout_s: float = 5.0) -> int:
     """Register, then follow the node's orders until the control plane closes the stream."""
-    client = ControlClient(args.control, read_token(args.token_file), timeout_s=timeout_s)
+    private = Path(tempfile.mkdtemp(prefix=f"unbroken-host-{args.node}-"))  # mode 0700
+    try:
+        creds, creds_path = host_credentials(args, private)
+        return _follow(args, creds, creds_path, timeout_s)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _follow(args: JoinArgs, creds: Credentials, creds_path: Path, timeout_s: float) -> int:
+    # The TLS handshake comes first: the token goes out only to the job's control plane.
+    client = ControlClient(args.control, creds.token, timeout_s=timeout_s, tls=creds)
     try:
         reply = client.call(
             JOIN,
@@ -156,7 +259,15 @@ def join(args: JoinArgs, timeout_s: float = 5.0) -> int:
         raise JoinError(f"cannot join {args.control}: {exc}") from None
     if not reply.get("ok"):
         raise JoinError(f"{args.control} refused node {args.node}: {reply.get('error', '?')}")
-    host = Host(client, args.node, args.planes, WarmSpare(args.node, args.devices), args.warm_spare)
+    host = Host(
+        client,
+        args.node,
+        args.planes,
+        WarmSpare(args.node, args.devices),
+        args.warm_spare,
+        control=args.control,
+        credentials=creds_path,
+    )
     if args.warm_spare:
         host.spare.start()
     try:
@@ -165,7 +276,7 @@ def join(args: JoinArgs, timeout_s: float = 5.0) -> int:
     except RpcError as exc:
         raise JoinError(f"lost the control plane {args.control}: {exc}") from None
     finally:
-        host.spare.close()
+        host.close()
     return 0
 
 
@@ -241,7 +352,8 @@ class WarmSpare:
 
 class Host:
     """This host's side of the node's orders: pods' agents started (warm where the spare
-    fits) and signalled; the spare started again once the host runs no pod."""
+    fits), signalled and killed, the node's faults carried out, on its own processes alone;
+    the spare started again once the host runs no pod."""
 
     def __init__(
         self,
@@ -250,82 +362,135 @@ class Host:
         planes: Sequence[Plane],
         spare: WarmSpare,
         warm_spare: bool = True,
+        control: str = "",
+        credentials: Path | None = None,
     ) -> None:
         self.warm_spare = warm_spare
         self.client = client
         self.node = node
         self.planes = tuple(planes)
         self.spare = spare
-        self._running: set[int] = set()
-        self._lock = threading.Lock()
+        #: How this host's pods' agents reach the control plane: its own address and file.
+        self.control = control or client.address
+        self.credentials = credentials
+        self.own = OwnProcesses(node)
+        self._down = False  # the node went down: no spare until a pod starts here again
 
-    def run_order(self, order: dict[str, object]) -> None:
-        _run_order(self.client, self.node, order, self.planes, self)
+    def run_order(self, order: Mapping[str, Any]) -> None:
+        """Carry out one order; one that is refused is logged (and answered, when the control
+        plane waits for an answer), and the host goes on."""
+        kind = order.get("kind")
+        try:
+            if kind == START:
+                self.start(order)
+            elif kind == SIGNAL:
+                self.own.signal(order.get("pid"), order.get("sig"))
+            elif kind == KILL:
+                self.own.kill_tree(order.get("pid"))
+            elif kind == DOWN:
+                self._answer(order, count=self.down())
+            elif kind == THROTTLE:
+                self._answer(order, count=self.own.throttle(order.get("cpu")))
+            elif kind == LINK:
+                peers = order.get("peer_pids")
+                count = self.own.reset_links(
+                    order.get("pid"),
+                    list(order.get("exclude_ports") or ()),
+                    None if peers is None else list(peers),
+                )
+                self._answer(order, count=count)
+            else:
+                raise OrderRefused(f"unknown order {kind!r}")
+        except (OrderRefused, KeyError, TypeError, ValueError, OSError) as exc:
+            log.warning("node %s: %s order refused: %s", self.node, kind, exc)
+            self._answer(order, error=str(exc))
+
+    def _answer(self, order: Mapping[str, Any], **what: Any) -> None:
+        oid = order.get("id")
+        if oid is None:
+            return
+        body = {"node": self.node, "id": oid, "ok": "error" not in what, **what}
+        with contextlib.suppress(RpcError):
+            self.client.call(NODE_DONE, body)
+
+    def down(self) -> int:
+        """The node goes down: every process of its pods, and its spare, SIGKILLed."""
+        self._down = True
+        spare = self.spare.proc
+        return self.own.kill_all(() if spare is None else (spare.pid,))
+
+    def close(self) -> None:
+        """The control plane is gone: the spare is let go and a throttle's cgroup removed."""
+        self.spare.close()
+        self.own.release()
 
     def started(self, pid: int) -> None:
-        with self._lock:
-            self._running.add(pid)
+        self._down = False
+        self.own.add(pid)
 
     def ended(self, pid: int) -> None:
-        with self._lock:
-            self._running.discard(pid)
-            idle = not self._running
-        if idle and self.warm_spare:
+        idle = self.own.discard(pid)
+        if idle and self.warm_spare and not self._down:
             self.spare.start()
 
+    def pod_env(self, planned: Mapping[str, Any]) -> dict[str, str]:
+        """A pod's agent's environment: this host's, the order's (less what the host alone
+        decides), and the host's way to the control plane."""
+        env = dict(os.environ)
+        env.pop("UNBROKEN_SECRET", None)  # the agent reads the token from the credentials
+        env.update({str(k): str(v) for k, v in planned.items() if not host_decides(str(k))})
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["UNBROKEN_CONTROL"] = self.control
+        if self.credentials is not None:
+            env[CREDENTIALS_VAR] = str(self.credentials)
+        # This host's choices of interface (GLOO_SOCKET_IFNAME=...) win over the order's.
+        env.update({k: v for k, v in os.environ.items() if k.endswith("_SOCKET_IFNAME")})
+        if self.planes:  # the ranks start on the first plane; their agent watches and switches
+            env[PLANES_VAR] = encode_planes(self.planes)
+            env["GLOO_SOCKET_IFNAME"] = self.planes[0].ifname
+        return env
 
-def _run_order(
-    client: ControlClient,
-    node: str,
-    order: dict[str, object],
-    planes: Sequence[Plane] = (),
-    host: Host | None = None,
-) -> None:
-    """Start a pod's agent process on this host (``start``) or signal one (``signal``)."""
-    kind = order.get("kind")
-    if kind == SIGNAL:
-        with contextlib.suppress(ProcessLookupError, TypeError, ValueError):
-            os.kill(int(str(order["pid"])), int(str(order["sig"])))
-        return
-    if kind != START:
-        return
-    pod = str(order["pod"])
-    log_path = Path(str(order["log"]))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    # The run directory's path on this host: made here, not shared with the control plane's.
-    Path(str(order["cwd"])).mkdir(parents=True, exist_ok=True)
-    env = {str(k): str(v) for k, v in dict(order["env"]).items()}  # type: ignore[call-overload]
-    # This host's choices of interface (GLOO_SOCKET_IFNAME=...) win over the control plane's.
-    env.update({k: v for k, v in os.environ.items() if k.endswith("_SOCKET_IFNAME")})
-    if planes:  # the ranks start on the first plane; their agent watches and switches them
-        env[PLANES_VAR] = encode_planes(planes)
-        env["GLOO_SOCKET_IFNAME"] = planes[0].ifname
-    argv = [sys.executable if a == PYTHON else str(a) for a in order["argv"]]  # type: ignore[attr-defined]
-    cwd = Path(str(order["cwd"]))
-    proc = host.spare.take(argv, env, cwd, log_path) if host is not None else None
-    if proc is not None:
-        with open(log_path, "ab") as out:
-            out.write(f"=== agent for {pod} on {node} (warm spare, pid {proc.pid})\n".encode())
-    else:
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=str(cwd),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-    if host is not None:
-        host.started(proc.pid)
-    client.call(NODE_POD, {"node": node, "pod": pod, "pid": proc.pid})
+    def start(self, order: Mapping[str, Any]) -> None:
+        """Start a pod's agent process on this host and say so (its pid); its exit is said
+        too, when it comes."""
+        pod = str(order["pod"])
+        log_path = Path(str(order["log"]))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The run directory's path on this host: made here, not shared with the control plane's.
+        cwd = Path(str(order["cwd"]))
+        cwd.mkdir(parents=True, exist_ok=True)
+        planned = order["env"]
+        if not isinstance(planned, dict):
+            raise OrderRefused(f"start {pod}: env is not an object")
+        env = self.pod_env(planned)
+        argv = [sys.executable if a == PYTHON else str(a) for a in order["argv"]]
+        proc = self.spare.take(argv, env, cwd, log_path)
+        if proc is not None:
+            with open(log_path, "ab") as out:
+                out.write(
+                    f"=== agent for {pod} on {self.node} (warm spare, pid {proc.pid})\n".encode()
+                )
+        else:
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=str(cwd),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        self.started(proc.pid)
+        started = proc
+        self.client.call(NODE_POD, {"node": self.node, "pod": pod, "pid": started.pid})
 
-    def watch() -> None:
-        code = proc.wait()
-        with contextlib.suppress(RpcError):
-            client.call(NODE_POD, {"node": node, "pod": pod, "pid": proc.pid, "code": code})
-        if host is not None:
-            host.ended(proc.pid)
+        def watch() -> None:
+            code = started.wait()
+            with contextlib.suppress(RpcError):
+                self.client.call(
+                    NODE_POD, {"node": self.node, "pod": pod, "pid": started.pid, "code": code}
+                )
+            self.ended(started.pid)
 
-    threading.Thread(target=watch, name=f"pod-{pod}", daemon=True).start()
+        threading.Thread(target=watch, name=f"pod-{pod}", daemon=True).start()

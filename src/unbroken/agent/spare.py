@@ -119,9 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _let_go(zygote)
         print("unbroken spare agent: the order names no control plane", file=sys.stderr)
         return 2
-    agent = ManagedAgent(args, settings)
-    agent.adopt_zygote(zygote)
     try:
+        agent = ManagedAgent(args, settings)
+        agent.adopt_zygote(zygote)
         return agent.run()
     except AgentExit as exc:
         print(f"unbroken launch ({settings.pod}): {exc}", file=sys.stderr)

@@ -7,7 +7,9 @@ processes die at once, and device codes go through the ``sim`` health provider, 
 silent data corruption (``sdc``: the device computes wrong while its health stays good, so only
 an online stress test finds it). The injector
 finds the processes through an :class:`InjectionTarget` (the job manager), so it knows nothing
-of how they were started; it returns what it did, for the ledger and the console.
+of how they were started; it returns what it did, for the ledger and the console. A node that
+is another host (``unbroken serve``) has its faults carried out by that host's agent
+(:class:`HostFaults`): its pids are that host's, and nothing is done to a process of this one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 from unbroken.chaos import throttle
 from unbroken.chaos.schedule import ChaosFault, InjectKind
 from unbroken.devices import clear_device_fault, inject_device_fault, inject_silent_fault
+from unbroken.protocol.calls import decode_inject
 from unbroken.worker.linkfault import LinkFaultError, reset_links
 
 #: The code a silent data corruption is recorded with when none is given.
@@ -42,6 +45,26 @@ class RankTarget:
     pid: int
     pod: str | None
     alive: bool
+
+
+class HostFaults(Protocol):
+    """A node that is a joined host: its faults carried out by the host's agent. Each raises
+    :class:`ValueError` with the host's reason when it could not."""
+
+    def down(self) -> int:
+        """SIGKILL every process of the node's pods (and its spare); how many."""
+        ...
+
+    def throttle(self, cpu: float | None) -> int:
+        """Hold the node's pods' processes to ``cpu`` of one CPU (None: free them); how many."""
+        ...
+
+    def reset_links(
+        self, pid: int, exclude_ports: Sequence[int], peer_pids: Sequence[int] | None
+    ) -> int:
+        """Reset the TCP links of the rank ``pid`` (to ``peer_pids`` on that host, or, None,
+        all but those of ``exclude_ports``); how many."""
+        ...
 
 
 class InjectionTarget(Protocol):
@@ -79,6 +102,14 @@ class InjectionTarget(Protocol):
         """Send ``sig`` to rank ``rank``'s process ``pid`` on the host it runs on."""
         ...
 
+    def host(self, node: str) -> HostFaults | None:
+        """The joined host that is ``node``; None when the node is on this machine."""
+        ...
+
+    def node_of(self, pod: str) -> str | None:
+        """The node the pod ``pod`` runs on now."""
+        ...
+
     def return_node(self, node: str) -> str:
         """``node``, taken out of the pool when it was lost, is back (repaired); raises
         :class:`ValueError` when it is not out of the pool."""
@@ -111,23 +142,20 @@ class Injector:
     def request(self, body: Mapping[str, Any]) -> str:
         """Inject what an ``Inject`` request asks for (``unbroken inject``); raises
         :class:`ValueError` naming what is wrong with it."""
+        req = decode_inject(body)  # each field of its type and range
         kinds = [k.value for k in InjectKind]
-        if body.get("kind") not in kinds:
-            raise ValueError(f"unknown fault kind {body.get('kind')!r}; one of {kinds}")
-
-        def opt_int(key: str) -> int | None:
-            return None if body.get(key) is None else int(body[key])
-
+        if req.kind not in kinds:
+            raise ValueError(f"unknown fault kind {req.kind!r}; one of {kinds}")
         return self.inject(
-            InjectKind(body["kind"]),
-            rank=opt_int("rank"),
-            pod=body.get("pod"),
-            node=body.get("node"),
-            device=opt_int("device"),
-            code=body.get("code"),
-            clear=bool(body.get("clear")),
-            peer=opt_int("peer"),
-            cpu=None if body.get("cpu") is None else float(body["cpu"]),
+            InjectKind(req.kind),
+            rank=req.rank,
+            pod=req.pod,
+            node=req.node,
+            device=req.device,
+            code=req.code,
+            clear=req.clear,
+            peer=req.peer,
+            cpu=req.cpu,
         )
 
     def fire(self, c: ChaosFault) -> str:
@@ -201,6 +229,12 @@ class Injector:
         return f"device fault {code} on {node} device {device}"
 
     def _throttle(self, node: str, cpu: float | None) -> str:
+        host = self.t.host(node)
+        if host is not None:  # its host's agent throttles its processes, or frees them
+            count = host.throttle(cpu)
+            if cpu is None:
+                return f"node {node} no longer throttled"
+            return f"node {node} throttled to {cpu:g} of one CPU ({count} processes)"
         if cpu is None:
             held = self.throttled.pop(node, None)
             if held is None:
@@ -232,6 +266,10 @@ class Injector:
                 raise ValueError(f"--peer {peer} is the rank itself: a link has two ends")
             self._ranks(peer, None)  # a rank that exists and runs
             peers = [peer]
+        node = self.t.node_of(ranks[rank].pod or "")
+        host = None if node is None else self.t.host(node)
+        if host is not None:  # the rank's host resets its links
+            return self._remote_link(host, rank, pid, peer, node or "")
         try:
             links = reset_links(
                 pid, exclude_ports=self.t.store_ports(), peer_pids=[ranks[r].pid for r in peers]
@@ -240,6 +278,28 @@ class Injector:
             raise ValueError(f"link fault on rank {rank}: {exc}") from None
         return f"link: reset {len(links)} connection(s) between rank {rank} (pid {pid}) and " + (
             f"rank {peer}" if peer is not None else "its peers"
+        )
+
+    def _remote_link(
+        self, host: HostFaults, rank: int, pid: int, peer: int | None, node: str
+    ) -> str:
+        """A link fault on a joined host: a peer's pid means something on its own host only,
+        so ``peer`` must run on the rank's node; without one every link of the rank but the
+        stores' is reset."""
+        peer_pids = None
+        if peer is not None:
+            view = self.t.rank_targets()[peer]
+            peer_node = self.t.node_of(view.pod or "")
+            if peer_node != node:
+                raise ValueError(
+                    f"--peer {peer}: rank {peer} runs on {peer_node}, another host than rank "
+                    f"{rank}'s {node}; a link to another host is reset without --peer"
+                )
+            peer_pids = [view.pid]
+        count = host.reset_links(pid, self.t.store_ports(), peer_pids)
+        return (
+            f"link: reset {count} connection(s) between rank {rank} (pid {pid} on {node}) and "
+            + (f"rank {peer}" if peer is not None else "its peers")
         )
 
     def _ranks(self, rank: int | None, pod: str | None) -> list[tuple[int, int]]:

@@ -28,6 +28,7 @@ _COMMANDS: dict[str, str] = {
     "release": "release",
     "stress-test": "stress",
     "link": "link",
+    "credentials": "credentials",
 }
 
 

@@ -1,6 +1,7 @@
 """One call of a running job's control plane, for the commands that act on a live run
-(``inject``, ``release``, ``stress-test``): find the run, call with its secret, and say what
-went wrong in one line naming the command."""
+(``inject``, ``release``, ``stress-test``): find the run, call with its secret (and, a run of
+``unbroken serve``, the admin's credentials in its directory), and say what went wrong in one
+line naming the command."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from unbroken.cli.credentials import admin_credentials
 from unbroken.cli.rundir import RunDirError, control_of
 from unbroken.rpc import ControlClient, RpcError
+from unbroken.rpc.tls import CredentialsError
 
 
 def call_run(
@@ -19,12 +22,15 @@ def call_run(
     does not or cannot be reached, the reason printed as ``unbroken COMMAND: ...``."""
     try:
         control = control_of(run_dir)
-        client = ControlClient(str(control["address"]), str(control["secret"]), timeout_s=15.0)
+        tls = admin_credentials(run_dir)  # a job across hosts (unbroken serve): mutual TLS
+        client = ControlClient(
+            str(control["address"]), str(control["secret"]), timeout_s=15.0, tls=tls
+        )
         try:
             reply = client.call(method, body)
         finally:
             client.close()
-    except (RunDirError, RpcError) as exc:
+    except (RunDirError, RpcError, CredentialsError) as exc:
         reason = str(exc)
     else:
         if reply.get("ok"):

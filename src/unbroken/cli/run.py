@@ -5,7 +5,9 @@ ledger under a run directory; creates the local cluster (the nodes the job needs
 unless ``--cluster`` says otherwise); places the pods; starts one agent process per pod; trains
 to the end while printing what happens; prints a summary. Exit 0 when the job succeeded, 1 when
 it failed or the input was wrong (with the reason), 2 for usage errors. SIGINT and SIGTERM stop
-every process of the run, then exit 1 with one line.
+every process of the run, record the stop in the ledger (``JobStopped``; ``unbroken status``
+says ``Stopped (stopped by SIGINT at step N)``), then exit with one line and the shell's code for
+the signal: 130 for SIGINT, 143 for SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import dataclasses
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -23,9 +25,10 @@ from types import FrameType
 from unbroken.chaos import ChaosError, ChaosFault, load_chaos
 from unbroken.cli.rundir import RunDirError, claim_run_dir
 from unbroken.faults import CodeTable, CodeTableError
-from unbroken.ledger import Ledger, LedgerError, format_incidents, incidents
+from unbroken.ledger import Ledger, LedgerError, RungsUnavailable, format_incidents, incidents
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, JobLayout, ManagerOptions, PodLayout
+from unbroken.manager.snapshot import StopRequested
 from unbroken.operator import plan as make_plan
 from unbroken.spec import ClusterSpec, HotReset, JobSpec, SpecError, load_cluster, load_job
 
@@ -189,25 +192,44 @@ def run(args: argparse.Namespace) -> int:
             return _run_in(
                 lock.path, args, inputs.layout, inputs.cluster, inputs.nodes, inputs.chaos
             )
-        except KeyboardInterrupt:
-            return _fail(f"{stopped_by()}; every process of the run was stopped")
+        except KeyboardInterrupt as exc:
+            _fail(f"{stopped_by(exc)}; every process of the run was stopped")
+            return stopped_by.exit_code
+
+
+@dataclass
+class Interrupt:
+    """Which signal stopped the run (``signal``: its name, "" until one came). Called with the
+    interrupt, it says what the run recorded of the stop ("stopped by SIGINT at step 120")."""
+
+    signal: str = ""
+
+    def __call__(self, exc: BaseException | None = None) -> str:
+        reason = exc.reason if isinstance(exc, StopRequested) else ""
+        return reason or f"stopped by {self.signal or 'SIGINT'}"
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's exit status for a process ended by the signal: 128 + its number."""
+        return 128 + signal.Signals[self.signal or "SIGINT"].value
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[Callable[[], str]]:
+def _terminate_as_interrupt() -> Iterator[Interrupt]:
     """SIGTERM stops the run as SIGINT does: the manager stops every process of the run in
-    order before this process exits. Yields what tells which signal it was."""
-    got: list[str] = []
+    order, and records the stop, before this process exits. Yields what tells which signal it
+    was."""
+    got = Interrupt()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        if got:  # already stopping: let the stop finish
+        if got.signal:  # already stopping: let the stop finish
             return
-        got.append(signal.Signals(signum).name)
-        raise KeyboardInterrupt
+        got.signal = signal.Signals(signum).name
+        raise StopRequested(got.signal)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield lambda: f"stopped by {got[0] if got else 'SIGINT'}"
+        yield got
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -248,15 +270,19 @@ def _run_in(
         outcome = manager.run()
     except (ManagerError, CodeTableError) as exc:
         return _fail(str(exc))
-    found = incidents(ledger.events())
+    records = ledger.events()
     ledger.close()
+    found = incidents(records)
     lost = sum(i.mttr_s or 0.0 for i in found)
+    # A job without an Unbroken session (a plain torchrun script) shows no step.
+    unseen = any(r.kind == RungsUnavailable.kind for r in records)
+    total = f"/{layout.total_steps}" if layout.total_steps else ""
     print(
         f"\njob {layout.job_id}: {'SUCCEEDED' if outcome.succeeded else 'FAILED'} "
-        f"after {outcome.elapsed_s:.1f} s; step {outcome.step}"
-        + (f"/{layout.total_steps}" if layout.total_steps else "")
-        + f"; {outcome.faults} fault(s), {outcome.recoveries} recovery(ies), "
-        f"{lost:.2f} s lost to recovery"
+        f"after {outcome.elapsed_s:.1f} s; "
+        + ("steps not seen (no Unbroken session)" if unseen else f"step {outcome.step}{total}")
+        + f"; {outcome.faults} fault(s), {outcome.recoveries} recovery(ies)"
+        + ("" if unseen else f", {lost:.2f} s lost to recovery")
     )
     if found:
         print(format_incidents(found))

@@ -2,7 +2,10 @@
 
 A run directory belongs to one run: it is made, or taken over, mode 0700, and the run holds an
 exclusive ``flock`` on its ``run.lock`` for its whole life, so a second ``unbroken run`` on it is
-refused and ``unbroken status`` can tell a live run from one whose control plane is gone. It
+refused and ``unbroken status`` can tell a live run from one whose control plane is gone. An
+existing directory is taken over only when it is the user's own and neither group nor others
+may write it (:func:`check_own`); the same holds for ``control.json`` when it is read, and for
+the token files of ``unbroken serve``. It
 holds the ledger (``ledger.db``), the control plane's address and secret while the run is alive
 (``control.json``, mode 0600), rank and agent logs (``pods/``), checkpoints (``checkpoints/``)
 and the simulated device health (``devices/``).
@@ -15,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -78,14 +82,50 @@ def _make_default(job: str, now: float | None) -> Path:
 
 
 def _make_given(path: Path) -> None:
-    """``path`` made mode 0700 (its parents too, as needed), or an existing directory."""
+    """``path`` made mode 0700 (its parents too, as needed), or an existing directory of the
+    user's own that neither group nor others may write."""
     try:
         path.mkdir(mode=0o700, parents=True)
     except FileExistsError:
         if not path.is_dir():
             raise _cannot(path, NotADirectoryError(errno.ENOTDIR, "Not a directory")) from None
+        problem = ownership_problem(os.stat(path))
+        if problem:
+            raise RunDirError(
+                f"run directory {path}: {problem} (choose another with --run-dir)"
+            ) from None
     except OSError as exc:
         raise _cannot(path, exc) from None
+
+
+def ownership_problem(st: os.stat_result) -> str:
+    """Why a file or directory with status ``st`` is not the current user's alone to write
+    ("" when it is): another user owns it, or group or others may write it."""
+    me = os.geteuid()
+    if st.st_uid != me:
+        return f"owned by uid {st.st_uid}, not by this user (uid {me})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def check_own(path: Path | None, what: str, missing_ok: bool = False) -> None:
+    """Refuse ``path`` (named ``what`` in the one-line error, e.g. ``--secret-file``) unless it
+    is the current user's and neither group nor others may write it; None passes, and so
+    does a missing file when ``missing_ok`` (it will be made). Raises :class:`RunDirError`."""
+    if path is None:
+        return
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise RunDirError(f"{what} {path}: no such file") from None
+    except OSError as exc:
+        raise RunDirError(f"{what} {path}: {exc.strerror or exc}") from None
+    problem = ownership_problem(st)
+    if problem:
+        raise RunDirError(f"{what} {path}: {problem}")
 
 
 def _owner(fd: int) -> str:
@@ -191,12 +231,20 @@ def control_of(run: Path) -> dict[str, Any]:
     path = run / "control.json"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, encoding="utf-8") as f:
-            data = json.load(f)
     except FileNotFoundError:
         raise RunDirError(f"run {run} is not running (no control.json)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise RunDirError(f"{path}: unreadable: {exc}") from None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        # The control plane's secret, and where to send it: only from a file of this user's
+        # that no one else may write.
+        problem = ownership_problem(os.fstat(f.fileno()))
+        if problem:
+            raise RunDirError(f"{path}: {problem}")
+        try:
+            data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise RunDirError(f"{path}: unreadable: {exc}") from None
     if not isinstance(data, dict) or "address" not in data or "secret" not in data:
         raise RunDirError(f"{path}: not a control file of this version")
     return data

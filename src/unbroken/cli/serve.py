@@ -3,10 +3,14 @@ job whose nodes are other hosts.
 
 The same job manager as ``unbroken run``, listening where the user asks, with no embedded
 cluster: the cluster's nodes are ``node-0`` .. ``node-N-1``, and each is a host whose agent joins
-with ``unbroken launch --join ADDR:PORT --token-file TOKEN --node node-I``. The token (the run's
+with ``unbroken launch --join ADDR:PORT --credentials node-I.json``. The token (the run's
 secret) is written, mode 0600, to ``--token-file`` (default: ``token`` in the run directory);
 with ``--secret-file F`` the token in ``F`` is used instead of a new one (the operator's
-control-plane pod: the job's Secret, which its host pods mount too).
+control-plane pod: the job's Secret, which its host pods mount too). The channel is mutual TLS
+with the job's certificate authority beside the token (a new one beside a new token, the one
+beside ``F``, made there when missing): the credentials of each node of the cluster are written
+to ``RUN_DIR/hosts/NODE.json`` and the admin's to ``RUN_DIR/admin.json``
+(:mod:`unbroken.cli.credentials`).
 The rendezvous stores listen on the same address; torch's TCPStore has no authentication, so
 that address must be one only the job's hosts reach (a private network).
 """
@@ -20,13 +24,15 @@ import sys
 from pathlib import Path
 
 from unbroken.agent.remote import JoinError, read_token
+from unbroken.cli.credentials import HOSTS_DIR, serve_credentials
 from unbroken.cli.run import InputError, _terminate_as_interrupt, fail_input, read_inputs
-from unbroken.cli.rundir import RunDirError, claim_run_dir
+from unbroken.cli.rundir import RunDirError, check_own, claim_run_dir
 from unbroken.faults import CodeTableError
 from unbroken.ledger import Ledger, LedgerError
 from unbroken.manager.console import Console
 from unbroken.manager.layout import ClusterLayout, ManagerOptions
 from unbroken.rpc import RpcError
+from unbroken.rpc.tls import CredentialsError
 from unbroken.spec import HotReset
 
 DEFAULT_PORT = 29400
@@ -94,11 +100,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     secret = None
-    if args.secret_file is not None:
-        try:
+    try:
+        check_own(args.token_file, "--token-file", missing_ok=True)
+        if args.secret_file is not None:
+            check_own(args.secret_file, "--secret-file")
             secret = read_token(args.secret_file, "--secret-file")
-        except JoinError as exc:
-            return _fail(str(exc))
+    except (JoinError, RunDirError) as exc:
+        return _fail(str(exc))
     try:
         lock = claim_run_dir(job.name, args.run_dir)
     except RunDirError as exc:
@@ -124,23 +132,38 @@ def run(args: argparse.Namespace) -> int:
             ledger = Ledger(run_dir / "ledger.db")
             manager = JobManager(layout, cl, run_dir, ledger, chaos, opts, console)
             manager.engine.listen = listen
-            manager.engine.remote_nodes = NodeRegistry()
             if secret is not None:
                 manager.use_secret(secret)
             token = args.token_file or run_dir / "token"
             write_token(token, manager.secret)
-        except (LedgerError, ManagerError, CodeTableError, OSError) as exc:
+            # Mutual TLS: the job's authority beside its token (a new one beside a new token),
+            # and the control plane's, the admin's and every node's credentials from it.
+            given = args.secret_file is not None
+            tls = serve_credentials(
+                token=args.secret_file if given else token,
+                flag="--secret-file" if given else "--token-file",
+                secret=manager.secret,
+                fresh=not given,
+                job=job.name,
+                listen_host=listen[0],
+                nodes=nodes,
+                run_dir=run_dir,
+            )
+            manager.engine.remote_nodes = NodeRegistry(tls=tls)
+        except (LedgerError, ManagerError, CodeTableError, OSError, CredentialsError) as exc:
             return _fail(str(exc))
         console.line(
-            f"run directory {run_dir}; token {token}; hosts join with: unbroken launch --join "
-            f"{listen[0]}:{listen[1]} --token-file TOKEN --node node-I (I = 0..{cluster.nodes - 1})"
+            f"run directory {run_dir}; token {token}; host I joins with: unbroken launch --join "
+            f"{listen[0]}:{listen[1]} --credentials node-I.json (I = 0..{cluster.nodes - 1}; "
+            f"copied from {run_dir / HOSTS_DIR})"
         )
         try:
             outcome = manager.run()
         except (ManagerError, CodeTableError, OSError, RpcError) as exc:
             return _fail(str(exc))
-        except KeyboardInterrupt:
-            return _fail(f"{stopped_by()}; every process of the run was stopped")
+        except KeyboardInterrupt as exc:
+            _fail(f"{stopped_by(exc)}; every process of the run was stopped")
+            return stopped_by.exit_code
         finally:
             ledger.close()
         print(

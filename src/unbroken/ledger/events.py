@@ -101,6 +101,15 @@ class JobFailed(Event):
     step: int | None = None
 
 
+@dataclass(frozen=True)
+class JobStopped(Event):
+    """The user stopped the run (``signal``: SIGINT or SIGTERM to ``unbroken run`` or
+    ``unbroken serve``) at committed ``step``; recorded once every process of the run ended."""
+
+    signal: str
+    step: int
+
+
 # -- starting a generation -----------------------------------------------------------------
 
 
@@ -274,6 +283,19 @@ class DeviceReturned(Event):
 
     node: str
     device: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RungsUnavailable(Event):
+    """Rungs of the recovery ladder the job cannot have, and why (said once): ``ranks`` run
+    without an Unbroken session (a plain torchrun script that never calls
+    ``unbroken.worker.init``), so the process-level rungs are not available (``rungs``: those
+    its ``recover-strategy`` configures, empty when none) and faults fall to in-pod restarts
+    and pod- and job-level rescheduling."""
+
+    ranks: tuple[int, ...]
+    rungs: tuple[str, ...]
     reason: str
 
 

@@ -1,8 +1,8 @@
 """Goodput: where a run's wall time went, productive training or badput by cause.
 
-The run's wall time is ``JobSubmitted`` -> ``JobSucceeded``/``JobFailed`` (or ``now`` for a run
-still going, or its last record for one whose control plane is gone). It is cut into
-non-overlapping spans, each given to one cause:
+The run's wall time is ``JobSubmitted`` -> ``JobSucceeded``/``JobFailed``/``JobStopped`` (or
+``now`` for a run still going, or its last record for one whose control plane is gone). It is
+cut into non-overlapping spans, each given to one cause:
 
 ===================  =====================================================================
 startup              job submitted -> the first committed step of the first generation
@@ -37,6 +37,7 @@ from unbroken.ledger.events import (
     CheckpointSaved,
     FirstStepCommitted,
     JobFailed,
+    JobStopped,
     JobSubmitted,
     JobSucceeded,
     StepProgress,
@@ -97,6 +98,10 @@ _CAUSE_OF_PHASE: dict[str, str] = {
 }
 
 
+#: The kinds that end a run.
+_ENDS = (JobSucceeded.kind, JobFailed.kind, JobStopped.kind)
+
+
 @dataclass(frozen=True)
 class Goodput:
     """A run's wall time split into productive training and badput by cause (seconds)."""
@@ -145,7 +150,7 @@ def goodput(records: Iterable[Record], now: float | None = None) -> Goodput:
         return Goodput(t, t, False, 0.0, dict.fromkeys(CAUSES, 0.0), 0, None)
     submitted = [r.at for r in recs if r.kind == JobSubmitted.kind]
     start = submitted[0] if submitted else recs[0].at
-    ends = [r.at for r in recs if r.kind in (JobSucceeded.kind, JobFailed.kind)]
+    ends = [r.at for r in recs if r.kind in _ENDS]
     finished = bool(ends)
     end = ends[0] if ends else (now if now is not None else recs[-1].at)
     end = max(end, start)
@@ -231,7 +236,7 @@ def _incident_spans(
 
 
 def _last_step(recs: list[Record]) -> int:
-    kinds = (StepProgress.kind, FirstStepCommitted.kind, JobSucceeded.kind, JobFailed.kind)
+    kinds = (StepProgress.kind, FirstStepCommitted.kind, *_ENDS)
     step = 0
     for r in recs:
         if r.kind in kinds:

@@ -17,10 +17,11 @@ class JobPhase(StrEnum):
     RECOVERING = "Recovering"  # an incident is being handled
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    STOPPED = "Stopped"  # stopped by the user (SIGINT, SIGTERM), every process ended
 
     @property
     def finished(self) -> bool:
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.STOPPED)
 
 
 @dataclass(frozen=True)

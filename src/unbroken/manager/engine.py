@@ -43,7 +43,7 @@ from unbroken.manager.pods import (
     start_spare,
 )
 from unbroken.manager.pool import Pool
-from unbroken.manager.remotepods import RemoteChild
+from unbroken.manager.remotepods import RemoteChild, order_env
 from unbroken.manager.rungs import STOP_TIMEOUT_S
 from unbroken.manager.service import NodeRegistry
 from unbroken.policy import RescheduleJob, ReschedulePods
@@ -554,7 +554,12 @@ class Engine:
         )
         log_path = ctx.run_dir / "pods" / pod / "agent.log"
         if self.remote_nodes is not None:  # the pod's agent starts on its node's host
-            child = RemoteChild(self.remote_nodes, node, pod, argv, env, job.workdir, log_path)
+            # Its planned environment and what its agent needs: not this host's environment,
+            # nor the secret (the host has its own credentials).
+            remote_env = order_env(layout.env, env)
+            child = RemoteChild(
+                self.remote_nodes, node, pod, argv, remote_env, job.workdir, log_path
+            )
             self.pods[pod] = PodProcess(pod, node, gen, child, started_at=time.time())
             return
         spare = self.spares.pop(node, None)

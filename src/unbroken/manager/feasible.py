@@ -6,7 +6,8 @@ when a rank outside the fault is alive and every worker can recover in process (
 says so). Such workers never apply half a step: a failed collective skips the optimizer update,
 an update that raised marks the rank suspect, and the repair takes the most advanced replica and
 checks that every rank agrees (step and state digest) before training resumes; so "outside the
-optimizer update" holds whenever in-process recovery does.
+optimizer update" holds whenever in-process recovery does. A rank that never wrote a heartbeat
+record has no session (a plain torchrun script): nothing of it can be repaired in process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from unbroken.manager.layout import JobLayout
 from unbroken.manager.pool import Pool
 from unbroken.manager.scaling import Elastic
 from unbroken.policy import Feasibility
+
+#: Why ranks without an Unbroken session cannot be repaired in process (a plain torchrun
+#: script: unbroken.manager.sessionless).
+NO_SESSION = (
+    "have no Unbroken session (the script has not called unbroken.worker.init): "
+    "no heartbeat steps, no replica to repair from"
+)
 
 
 def feasibility(
@@ -39,13 +47,16 @@ def feasibility(
     if generations.diverged:
         process_off = "replicas diverged, so no replica can be trusted"
     elif not recoverable:
-        off = sorted(r for r, v in generations.ranks.items() if not v.recoverable)
-        process_off = (
-            f"rank(s) {some(off)} cannot be repaired in process (their "
-            "logs say why: no DDP model, one rank, or a DDP configuration it refuses)"
-            if off
-            else ""
-        )
+        ranks = generations.ranks
+        no_session = sorted(r for r, v in ranks.items() if not v.session)
+        off = sorted(r for r, v in ranks.items() if v.session and not v.recoverable)
+        if no_session:
+            process_off = f"rank(s) {some(no_session)} {NO_SESSION}"
+        elif off:
+            process_off = (
+                f"rank(s) {some(off)} cannot be repaired in process (their "
+                "logs say why: no DDP model, one rank, or a DDP configuration it refuses)"
+            )
     in_process = not process_off and recoverable and inprocess.healthy_rank_left(faults)
     elastic_off = elastic.refusal(faults) or ""
     pods = {f.pod for f in faults if f.pod is not None}

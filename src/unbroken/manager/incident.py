@@ -3,7 +3,8 @@
 A fault is escalated (a device's repeated faults), numbered, recorded in the ledger and shown;
 the first one since training last ran undisturbed opens the *incident*, which the rungs carry
 out (``strategy``) and which ends with the first step committed after it
-(:meth:`Incidents.recovered`) or when the policy needs no recovery (:meth:`Incidents.dismiss`).
+(:meth:`Incidents.recovered`; for a job without a session, once its ranks started again,
+:meth:`Incidents.restarted`) or when the policy needs no recovery (:meth:`Incidents.dismiss`).
 Every other part asks this one; none writes the incident itself.
 """
 
@@ -108,6 +109,31 @@ class Incidents:
         """The fault needed no recovery (recorded, ignored, or a hot switch not possible or
         given up): training goes on and no incident is open."""
         self.open = None
+
+    def restarted(self, generation: int, at: float) -> None:
+        """The open incident of a job without an Unbroken session ended: every rank of
+        ``generation`` had started at ``at`` (no step of such a job is seen, so the time is
+        until then, and no step count is known)."""
+        inc = self.open
+        assert inc is not None
+        self.open = None
+        self.n_recoveries += 1
+        took = at - inc.fault.at
+        self.ctx.ledger.record(
+            RecoveryCompleted(
+                fault_id=inc.fault_id,
+                strategy=inc.strategy,
+                generation=generation,
+                step=inc.step_at_fault,
+                phases_s={"restart": took},
+            ),
+            at=at,
+        )
+        self.ctx.console.line(
+            f"recovered from {inc.fault_id} by {inc.strategy}: every rank started again "
+            f"{took:.2f} s after the fault, generation {generation} (no session: the steps "
+            "it redoes are not seen)"
+        )
 
     def recovered(self, generation: int, first: int, resumed: int, at: float) -> None:
         """The open incident ended: ``generation`` committed step ``first`` at ``at``, having

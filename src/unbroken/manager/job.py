@@ -24,6 +24,7 @@ an argument (``clock``), so a component test drives the loop with a fake one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import secrets
@@ -39,6 +40,7 @@ from unbroken.ledger import (
     CommunicationReady,
     FirstStepCommitted,
     JobFailed,
+    JobStopped,
     JobSubmitted,
     JobSucceeded,
     Ledger,
@@ -76,7 +78,8 @@ from unbroken.manager.service import (
     refused,
     silence_timeout_s,
 )
-from unbroken.manager.snapshot import RunOutcome, job_status
+from unbroken.manager.sessionless import Sessionless
+from unbroken.manager.snapshot import RunOutcome, StopRequested, job_status
 from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
 from unbroken.manager.targets import JobTarget
@@ -228,6 +231,8 @@ class JobManager:
         self.started_at = self.clock()
         self.fired_chaos: set[int] = set()
         self.milestones = Milestones(job.world_size, self.opt.progress_every)
+        # A plain torchrun script: no session, no step.
+        self.sessionless = Sessionless(ctx, self.gens, self.milestones, self.incidents)
         self.outcome: RunOutcome | None = None
         self.endpoints = Endpoints(ctx, self.inbox)
         self.injector = Injector(JobTarget(ctx, self.engine, self.pool, self.gens))
@@ -286,6 +291,7 @@ class JobManager:
         return self.endpoints.server
 
     def run(self) -> RunOutcome:
+        stop: KeyboardInterrupt | None = None
         try:
             self.start()
             next_tick = 0.0
@@ -309,6 +315,9 @@ class JobManager:
                 if self.outcome is None and (urgent or now >= next_tick):
                     next_tick = now + TICK_S
                     self._tick(now)
+        except KeyboardInterrupt as exc:  # SIGINT, SIGTERM: the run stops, and says so below
+            stop = exc
+            raise
         except LedgerError as exc:
             # Nothing the run does can be recorded (a full disk): stop every process and say so
             # once, rather than train on unrecorded.
@@ -317,6 +326,8 @@ class JobManager:
             ) from None
         finally:
             self.shutdown()
+            if stop is not None:
+                self._stopped(stop)
         assert self.outcome is not None
         return self.outcome
 
@@ -339,16 +350,31 @@ class JobManager:
             self.ledger.record(JobSucceeded(step=step))
         else:
             self.ledger.record(JobFailed(reason=reason, step=step))
-        self.outcome = RunOutcome(
-            succeeded=succeeded,
-            reason=reason,
-            step=step,
-            faults=self.incidents.n_faults,
-            recoveries=self.incidents.n_recoveries,
-            elapsed_s=self.clock() - self.started_at,
-        )
+        self.outcome = self._outcome(succeeded, reason, step)
         self._write_status(self.clock(), force=True)
         self.console.line(("succeeded: " if succeeded else "FAILED: ") + reason)
+
+    def _outcome(self, succeeded: bool, reason: str, step: int, stopped_by: str = "") -> RunOutcome:
+        n = self.incidents
+        elapsed_s = self.clock() - self.started_at
+        return RunOutcome(
+            succeeded, reason, step, n.n_faults, n.n_recoveries, elapsed_s, stopped_by
+        )
+
+    def _stopped(self, stop: KeyboardInterrupt) -> None:
+        """The user stopped the run and every process of it has ended: its terminal record and
+        status, unless it had ended already; what it says goes back on ``stop``."""
+        if self.outcome is not None:
+            return
+        signal = stop.signal if isinstance(stop, StopRequested) else "SIGINT"
+        step = self.gens.committed(self.progress_step)
+        reason = f"stopped by {signal} at step {step}"
+        if isinstance(stop, StopRequested):
+            stop.reason = reason
+        self.outcome = self._outcome(False, reason, step, stopped_by=signal)
+        with contextlib.suppress(LedgerError):
+            self.ledger.record(JobStopped(signal=signal, step=step))
+            self._write_status(self.clock(), force=True)
 
     # ---- inbox ------------------------------------------------------------------------
     def _handle_one(self, msg: Inbound) -> None:
@@ -359,7 +385,14 @@ class JobManager:
             return
         try:
             self._handle(msg)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ) as exc:
             log.error("malformed %s message refused: %s: %s", msg.method, type(exc).__name__, exc)
             if msg.reply is not None and msg.reply.empty():
                 msg.reply.put({"ok": False, "error": f"malformed {msg.method}: {exc!r}"})
@@ -413,14 +446,16 @@ class JobManager:
         return pod
 
     def _all_finished(self) -> None:
-        """Every rank exited 0. A rank that never started an Unbroken session (its script did
-        not call ``unbroken.worker.init``, or exited before it) trained nothing under
-        supervision: no step was committed, checkpointed or protected. The job fails with
-        that reason, so a misconfigured script is not mistaken for a finished training."""
+        """Every rank exited 0. A job whose every rank ran without an Unbroken session (a plain
+        torchrun script) succeeded, as under torchrun, with no step seen. Some ranks without
+        one, beside ranks with one (a rank that exited before ``unbroken.worker.init``), trained
+        nothing under supervision: the job fails with that reason."""
         idle = sorted(r for p in self.engine.pods.values() for r in p.without_session)
-        if not idle:
-            # A job scaled in finishes with the ranks of its smaller world.
-            self.finish(True, f"all {self.elastic.world_size} ranks finished")
+        world = self.elastic.world_size  # smaller while an elastic job is scaled in
+        if not idle or (len(idle) == world and self.sessionless.known(world)):
+            if idle:  # a plain torchrun script
+                self.sessionless.say(idle)
+            self.finish(True, f"all {world} ranks " + ("exited 0" if idle else "finished"))
             return
         which = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))}"
         self.finish(
@@ -556,6 +591,8 @@ class JobManager:
             at = self.clock()
             ready = ReplacementReady(pod=pod.pod, at=at, generation=self.gens.rung_of(gen))
             self.executor.policy(ready, at)
+        if done := self.sessionless.restarted(self.elastic.world_size, self.executor.stale):
+            self.executor.policy(done, done.at)
 
     # ---- the clock --------------------------------------------------------------------
     def _tick(self, now: float) -> None:
@@ -628,6 +665,8 @@ class JobManager:
     def _decide(self, faults: Sequence[Fault], now: float, newest: int) -> None:
         first = faults[0]
         step = first.step if first.step is not None else newest
+        # A job without a session shows no step: rounds that ran long enough are progress.
+        rounds = self.sessionless.at_fault(self.elastic.world_size, self.started_at, now)
         found = feasibility(
             self.job,
             faults,
@@ -641,7 +680,7 @@ class JobManager:
             FaultReported(
                 fault=first,
                 feasibility=found,
-                progress_step=max(step, self.progress_step),
+                progress_step=max(step, self.progress_step) if rounds is None else rounds,
                 together=tuple(faults[1:]),
             ),
             now,
@@ -705,7 +744,7 @@ class JobManager:
         self.ledger.set_status(
             job_status(
                 self.job,
-                ended=None if out is None else (out.succeeded, out.reason),
+                ended=None if out is None else (out.phase, out.reason),
                 incident=self.incidents.open,
                 pending_reason=self.engine.pending_reason,
                 scaled_in=self.elastic.scaled_in_message(),

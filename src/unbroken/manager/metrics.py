@@ -26,6 +26,7 @@ from unbroken.ledger import (
     DeviceReturned,
     FaultDetected,
     JobFailed,
+    JobStopped,
     JobSucceeded,
     Ledger,
     Record,
@@ -64,7 +65,7 @@ class LedgerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         recs = self.records()
         status = self._ledger.status()
-        finished = any(r.kind in (JobSucceeded.kind, JobFailed.kind) for r in recs)
+        finished = any(r.kind in (JobSucceeded.kind, JobFailed.kind, JobStopped.kind) for r in recs)
         gp = goodput(recs, now=None if finished else self._clock())
         found = incidents(recs)
 

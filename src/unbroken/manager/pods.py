@@ -27,6 +27,7 @@ from pathlib import Path
 
 from unbroken.agent.children import OwnChild
 from unbroken.agent.image import Image
+from unbroken.manager.remotepods import RemoteChild
 from unbroken.protocol.messages import JoinFrom
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,11 @@ class PodProcess:
         return self.proc.poll() is None
 
     def kill_all(self) -> list[int]:
-        """SIGKILL the agent and every rank it reported (a node going down)."""
+        """SIGKILL the agent and every rank it reported (a node going down). The pids of a pod
+        on a joined host are that host's: its agent kills the pod's processes there."""
+        if isinstance(self.proc, RemoteChild):
+            self.proc.kill_tree()
+            return [self.proc.pid]
         killed = []
         for pid in [self.proc.pid, *self.rank_pids.values()]:
             try:

@@ -32,6 +32,7 @@ class RankView:
     state_loaded_at: float = 0.0
     first_commit_at: float = 0.0
     recoverable: bool = False  # the worker can rejoin a new group and be repaired in process
+    session: bool = False  # the process wrote a heartbeat record: it started an Unbroken session
     op_retries: int = 0  # gradient all-reduces this process re-executed (op retry)
     op_retry_at: float = 0.0
     op_retry_last: int = 0  # step, attempt and level (unbroken.protocol.heartbeat.pack_op_retry)
@@ -46,6 +47,7 @@ class RankView:
         rec = progress.record
         if rec is None:
             return
+        self.session = True
         self.phase = str(rec.phase)
         self.step = rec.step
         self.committed = rec.committed

@@ -31,9 +31,28 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from unbroken.protocol.hosts import JOIN, NODE_ORDERS, NODE_POD
-from unbroken.protocol.messages import COMMANDS, HEARTBEAT, HELLO, REPORT, Order, encode_order
+from unbroken.protocol.calls import INJECT, LINK, RELEASE, STRESS_TEST, check_call
+from unbroken.protocol.hosts import (
+    JOIN,
+    NODE_CALLS,
+    NODE_DONE,
+    NODE_ORDERS,
+    NODE_POD,
+    PID_ORDERS,
+    START,
+)
+from unbroken.protocol.messages import (
+    COMMANDS,
+    HEARTBEAT,
+    HELLO,
+    REPORT,
+    Order,
+    decode_subscription,
+    encode_order,
+)
 from unbroken.rpc import ControlServer
+from unbroken.rpc.channel import Authorize
+from unbroken.rpc.tls import ADMIN, Credentials, node_of
 
 JsonObj = dict[str, Any]
 
@@ -181,29 +200,65 @@ class JoinedNode:
     pid: int
 
 
+#: The highest pid Linux gives (``/proc/sys/kernel/pid_max`` at most 2**22).
+PID_MAX = 1 << 22
+
+
+def checked_pid(value: object, what: str) -> int:
+    """``value`` as a pid: an integer from 1 to :data:`PID_MAX` (0 and negative numbers are
+    groups or every process to ``kill``); raises :class:`ValueError` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= PID_MAX:
+        raise ValueError(f"{what}: pid {value!r} is not a process (1-{PID_MAX})")
+    return value
+
+
 @dataclass
 class NodeRegistry:
-    """The nodes of remote hosts that joined the control plane, and one order queue each."""
+    """The nodes of remote hosts that joined the control plane, one order queue each, and what
+    each was asked to start. ``tls``: the control plane's credentials; set, its server speaks
+    mutual TLS and every call speaks only for the identity its peer's certificate proved
+    (:func:`identity_rules`)."""
 
+    tls: Credentials | None = None
     _nodes: dict[str, JoinedNode] = field(default_factory=dict)
     _orders: dict[str, queue.Queue[JsonObj]] = field(default_factory=dict)
     _started: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, pod) -> pid
     _exits: dict[tuple[str, int], int] = field(default_factory=dict)  # (node, pid) -> code
+    #: pod -> the node last asked to start it; (node, pod) started orders not answered yet;
+    #: (node, pid) a node said it started.
+    _placed: dict[str, str] = field(default_factory=dict)
+    _awaiting: set[tuple[str, str]] = field(default_factory=set)
+    _live: set[tuple[str, int]] = field(default_factory=set)
+    #: Orders that want an answer: id -> the node asked, and the answers come back.
+    _asked: dict[int, str] = field(default_factory=dict)
+    _answers: dict[int, JsonObj] = field(default_factory=dict)
+    _next_id: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     def pod_report(self, body: JsonObj) -> JsonObj:
-        node, pod, pid = str(body["node"]), str(body["pod"]), int(body["pid"])
+        """``NodePod``: a process the node was asked to start for a pod started, or one it said
+        it started exited; anything else is refused (``ValueError``)."""
+        node, pod = str(body["node"]), str(body["pod"])
+        pid = checked_pid(body["pid"], f"{NODE_POD} of node {node}")
         with self.changed:
             if body.get("code") is None:
+                if (node, pod) not in self._awaiting:
+                    raise ValueError(f"node {node} was not asked to start pod {pod}")
+                self._awaiting.discard((node, pod))
                 self._started[(node, pod)] = pid
+                self._live.add((node, pid))
             else:
+                if (node, pid) not in self._live:
+                    raise ValueError(f"node {node} started no process {pid} for a pod")
                 self._exits[(node, pid)] = int(body["code"])
             self.changed.notify_all()
         return {"ok": True}
 
     def order(self, node: str, order: JsonObj, wait_s: float = 0.0) -> None:
         """Queue ``order`` for ``node``'s host, waiting up to ``wait_s`` for it to join."""
+        if order.get("kind") in PID_ORDERS:
+            checked_pid(order.get("pid"), f"a {order['kind']} order for node {node}")
         deadline = time.monotonic() + wait_s
         with self.changed:
             while (q := self._orders.get(node)) is None:
@@ -211,7 +266,48 @@ class NodeRegistry:
                 if left <= 0:
                     raise OSError(f"node {node} has not joined (unbroken launch --join)")
                 self.changed.wait(left)
+            if order.get("kind") == START:
+                pod = str(order["pod"])
+                self._placed[pod] = node
+                self._awaiting.add((node, pod))
         q.put(order)
+
+    def ask(self, node: str, order: JsonObj, timeout_s: float = 10.0) -> JsonObj:
+        """Queue ``order`` for ``node``'s host and wait up to ``timeout_s`` for its answer
+        (``NodeDone``); raises :class:`OSError` when the node has not joined or its host does
+        not answer in time."""
+        with self.changed:
+            self._next_id += 1
+            oid = self._next_id
+            self._asked[oid] = node
+        try:
+            self.order(node, {**order, "id": oid})
+            deadline = time.monotonic() + timeout_s
+            with self.changed:
+                while oid not in self._answers:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise OSError(f"node {node}'s host did not answer in {timeout_s:g} s")
+                    self.changed.wait(left)
+                return self._answers.pop(oid)
+        finally:
+            with self.changed:
+                self._asked.pop(oid, None)
+
+    def done(self, body: JsonObj) -> JsonObj:
+        """``NodeDone``: a host's answer to an order of :meth:`ask`."""
+        node, oid = str(body["node"]), body["id"]
+        with self.changed:
+            if isinstance(oid, bool) or not isinstance(oid, int) or self._asked.get(oid) != node:
+                raise ValueError(f"node {node} was asked nothing with id {oid!r}")
+            self._answers[oid] = dict(body)
+            self.changed.notify_all()
+        return {"ok": True}
+
+    def node_of_pod(self, pod: str) -> str | None:
+        """The node last asked to start ``pod``."""
+        with self.changed:
+            return self._placed.get(pod)
 
     def started_pid(self, node: str, pod: str, timeout_s: float) -> int | None:
         """The pid of the process the node started for ``pod`` (cleared when read)."""
@@ -232,13 +328,14 @@ class NodeRegistry:
         node = str(body["node"])
         devices = int(body["devices"])
         address = str(body["address"])
+        pid = checked_pid(body["pid"], f"{JOIN} of node {node}")
         if not node or devices < 1 or not address:
             raise ValueError(f"node {node!r}: a name, at least one device and an address")
         with self._lock:
             known = self._nodes.get(node)
             if known is not None and known.address != address:
                 return {"ok": False, "error": f"node {node} already joined from {known.address}"}
-            self._nodes[node] = JoinedNode(node, devices, address, int(body["pid"]))
+            self._nodes[node] = JoinedNode(node, devices, address, pid)
             self._orders.setdefault(node, queue.Queue())
         with self.changed:
             self.changed.notify_all()
@@ -253,6 +350,35 @@ class NodeRegistry:
             return self._orders.get(node)
 
 
+#: The calls of a pod's agent: each names its pod (``pod``).
+AGENT_CALLS = (HELLO, HEARTBEAT, REPORT, COMMANDS)
+#: The calls of a person's command on the control plane's host.
+ADMIN_CALLS = (INJECT, STRESS_TEST, LINK, RELEASE)
+
+
+def identity_rules(registry: NodeRegistry) -> Authorize:
+    """Who may make which call over mutual TLS: the admin's certificate (the command line on
+    the control plane's host) a person's commands alone; a node's certificate the calls of its
+    host's agent for that node alone, and those of pods' agents for the pods placed on it."""
+
+    def authorize(method: str, identity: str | None, body: JsonObj) -> str | None:
+        if identity == ADMIN:
+            return None if method in ADMIN_CALLS else "the admin's certificate cannot make it"
+        node = node_of(identity)
+        if node is None:
+            return f"certificate {identity!r} is neither a node's nor the admin's"
+        if method in NODE_CALLS:
+            said = body.get("node")
+            return None if said == node else f"this connection is node {node}'s, not {said!r}'s"
+        if method in AGENT_CALLS:
+            pod = body.get("pod")
+            placed = registry.node_of_pod(pod) if isinstance(pod, str) else None
+            return None if placed == node else f"pod {pod!r} is not placed on node {node}"
+        return f"node {node}'s certificate cannot make it"
+
+    return authorize
+
+
 def build_server(
     secret: str,
     inbox: queue.Queue[Inbound],
@@ -264,7 +390,8 @@ def build_server(
     clock: Callable[[], float] = time.time,
 ) -> ControlServer:
     """The control plane's server on ``host:port`` (127.0.0.1 unless the user asks for another
-    address)."""
+    address); mutual TLS with the identity rules when the registry of joined nodes holds the
+    control plane's credentials (``unbroken serve``)."""
     registry = NodeRegistry() if nodes is None else nodes
 
     def post(method: str) -> Callable[[JsonObj], JsonObj]:
@@ -276,6 +403,8 @@ def build_server(
 
     def ask(method: str) -> Callable[[JsonObj], Awaitable[JsonObj]]:
         async def handler(body: JsonObj) -> JsonObj:
+            if method != HELLO:  # a person's command: refused here unless well formed
+                check_call(method, body)
             answer = Answer(asyncio.get_running_loop())
             inbox.put(Inbound(method, body, answer, at=clock()))
             try:
@@ -286,7 +415,7 @@ def build_server(
         return handler
 
     async def agent_commands(body: JsonObj) -> AsyncIterator[JsonObj]:
-        pod, pid = str(body["pod"]), int(body["pid"])
+        pod, pid = decode_subscription(body)
         who: JsonObj = {"pod": pod, "pid": pid}
         box = commands.of(pod, pid)
         inbox.put(Inbound(STREAM_OPENED, who, at=clock()))
@@ -320,8 +449,9 @@ def build_server(
             REPORT: post(REPORT),
             JOIN: registry.join,
             NODE_POD: registry.pod_report,
+            NODE_DONE: registry.done,
         },
-        async_unary={m: ask(m) for m in (HELLO, "Inject", "StressTest", "Link", "Release")},
+        async_unary={m: ask(m) for m in (HELLO, INJECT, STRESS_TEST, LINK, RELEASE)},
         streams={NODE_ORDERS: node_orders},
         async_streams={COMMANDS: agent_commands},
         # Heartbeats and reports only go on the inbox: they are handled on the server's loop.
@@ -330,6 +460,8 @@ def build_server(
         port=port,
         # A thread per host's open order stream, and 32 for the hosts' other calls.
         max_workers=commands.streams + 32,
+        tls=registry.tls,
+        authorize=None if registry.tls is None else identity_rules(registry),
     )
 
 

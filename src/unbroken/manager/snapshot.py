@@ -1,5 +1,6 @@
 """The job's status as ``unbroken status`` and the dashboard show it (one snapshot, written to
-the ledger every half second at most, and at the end), and the run's outcome."""
+the ledger every half second at most, and at the end), the run's outcome, and the request to
+stop a run (:class:`StopRequested`, raised by the CLI's signal handler)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,31 @@ class RunOutcome:
     faults: int
     recoveries: int
     elapsed_s: float
+    stopped_by: str = ""  # the signal that stopped the run ("": it ended by itself)
+
+    @property
+    def phase(self) -> JobPhase:
+        if self.stopped_by:
+            return JobPhase.STOPPED
+        return JobPhase.SUCCEEDED if self.succeeded else JobPhase.FAILED
+
+
+class StopRequested(KeyboardInterrupt):
+    """The user asked the run to stop (``signal``: SIGINT or SIGTERM): raised in the main thread
+    by ``unbroken run`` and ``unbroken serve``; the job manager stops every process of the run
+    and records the stop (:meth:`unbroken.manager.job.JobManager.run`)."""
+
+    def __init__(self, signal: str) -> None:
+        super().__init__(signal)
+        self.signal = signal
+        #: What the run says of its stop, once recorded ("stopped by SIGINT at step 120").
+        self.reason = ""
 
 
 def job_status(
     job: JobLayout,
     *,
-    ended: tuple[bool, str] | None,
+    ended: tuple[JobPhase, str] | None,
     incident: Incident | None,
     pending_reason: str,
     scaled_in: str,
@@ -44,12 +64,12 @@ def job_status(
     faults: int,
     recoveries: int,
 ) -> JobStatus:
-    """The status of ``job``: its phase and what it is doing (``ended``: succeeded and why,
-    once it ended; ``incident``: the one being recovered; ``pending_reason``: why pods wait
+    """The status of ``job``: its phase and what it is doing (``ended``: the phase it ended in
+    and why; ``incident``: the one being recovered; ``pending_reason``: why pods wait
     to be placed; ``scaled_in``: the elastic job's smaller world), and each pod's node,
     devices and rank processes as they are now."""
     if ended is not None:
-        phase = JobPhase.SUCCEEDED if ended[0] else JobPhase.FAILED
+        phase = ended[0]
     elif incident is not None:
         phase = JobPhase.RECOVERING
     elif len(generations.ranks) == world_size:

@@ -1,5 +1,8 @@
 """The job as fault injection sees it (:class:`~unbroken.chaos.injector.InjectionTarget`):
-its shape, its processes, the ports of its stores, and a node taken down or returned."""
+its shape, its processes, the ports of its stores, and a node taken down or returned. Under
+``unbroken serve`` a node is a joined host, whose pids are that host's: its faults and its
+ranks' signals go through the host's agent (:class:`~unbroken.manager.remotepods.JoinedHost`),
+never to a process of this host."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from unbroken.manager.context import Context
 from unbroken.manager.engine import Engine
 from unbroken.manager.generations import Generations
 from unbroken.manager.pool import Pool
+from unbroken.manager.remotepods import JoinedHost
+from unbroken.protocol.hosts import SIGNAL
 
 
 class JobTarget:
@@ -54,7 +59,19 @@ class JobTarget:
     def store_ports(self) -> tuple[int, ...]:
         return (self.engine.master_port, self.ctx.job.master_port or 0)
 
+    def host(self, node: str) -> JoinedHost | None:
+        """The joined host that is ``node`` (None: the node is on this machine)."""
+        registry = self.engine.remote_nodes
+        return None if registry is None else JoinedHost(registry, node)
+
+    def node_of(self, pod: str) -> str | None:
+        proc = self.engine.pods.get(pod)
+        return None if proc is None else proc.node
+
     def take_node_down(self, node: str) -> int:
+        host = self.host(node)
+        if host is not None:
+            return host.down()
         return self.engine.take_node_down(node)
 
     def node_pids(self, node: str) -> list[int]:
@@ -70,8 +87,10 @@ class JobTarget:
         host's); any other here."""
         pod = self.engine.pods.get(self.ctx.job.pod_of_rank(rank) or "")
         registry = self.engine.remote_nodes
-        if registry is not None and pod is not None:
-            registry.order(pod.node, {"kind": "signal", "pid": pid, "sig": int(sig)})
+        if registry is not None:
+            if pod is None:
+                raise ValueError(f"rank {rank} has no pod on a joined host now")
+            registry.order(pod.node, {"kind": SIGNAL, "pid": pid, "sig": int(sig)})
             return
         os.kill(pid, sig)
 

@@ -10,12 +10,16 @@ Kubernetes the operator makes exactly that, and decides nothing itself for such 
   cluster (``cluster.yaml``: one node per host pod, the job's devices per node);
 - the control-plane pod ``JOB-control``: ``unbroken serve`` on the pod's own address, port
   :data:`CONTROL_PORT`, with the Secret's token; it owns the policy, the ledger and the
-  rendezvous stores, as ``unbroken serve`` does on a host;
+  rendezvous stores, as ``unbroken serve`` does on a host. Its spec is its own, not the
+  training template's: the job's image and that command, no host network, host path,
+  privilege or service-account token, no capability, a read-only root file system with
+  ``emptyDir`` volumes for the run directory and ``/tmp``, and requests for CPU and memory
+  (:func:`control_pod`);
 - one host pod ``JOB-node-I`` per node of the cluster (the job's pods and the spare ones),
   from the first training replica's template, running ``unbroken launch --join
-  JOB-control.JOB:PORT --node node-I``: the control plane places the job's pods on these hosts
-  and starts, restarts and moves their ranks (process-level rungs, and a lost host's pod onto
-  a spare host).
+  JOB-control.JOB.NAMESPACE.svc.cluster.local:PORT --node node-I`` (fully qualified): the
+  control plane places the job's pods on these hosts and starts, restarts and moves their
+  ranks (process-level rungs, and a lost host's pod onto a spare host).
 
 The operator's part after that is a kubelet's: a host pod that fails or is deleted is made
 again under the same name, and joins again as the same node; the job's phase follows the
@@ -49,6 +53,9 @@ OPT_OUT = "unbroken.dev/control-plane"
 TOKEN_DIR = "/etc/unbroken/token"
 JOB_DIR = "/etc/unbroken/job"
 RUN_DIR = "/var/lib/unbroken/runs"
+#: What the control-plane pod asks for: the policy, the ledger and the rendezvous stores (a
+#: store process imports torch) of one job; no device.
+CONTROL_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
 _PROCESS_LEVEL = frozenset(
     {
         Strategy.RETRY,
@@ -172,9 +179,6 @@ def _pod(
         container["ports"] = ports
     else:
         container.pop("ports", None)
-    if role == CONTROL:  # the control plane holds no device
-        container.pop("resources", None)
-        spec["containers"] = [container]
     for c in spec.get("initContainers", []) + spec["containers"]:
         for part in ("limits", "requests"):
             quantities = (c.get("resources") or {}).get(part) or {}
@@ -195,7 +199,9 @@ def _pod(
 
 
 def control_pod(body: dict[str, Any], the_plan: Plan, owner: dict[str, Any]) -> dict[str, Any]:
-    """``unbroken serve`` on the pod's address, with the job, its cluster and its token."""
+    """``unbroken serve`` on the pod's address, with the job, its cluster and its token, in a
+    pod of its own making (:func:`_control_spec`): of the training template it takes only
+    the first container's image (and pull policy), the pod's image pull secrets and labels."""
     job_name = body["metadata"]["name"]
     control, _ = names(job_name, the_plan.cluster.nodes)
     command = [
@@ -211,9 +217,75 @@ def control_pod(body: dict[str, Any], the_plan: Plan, owner: dict[str, Any]) -> 
         "--run-dir",
         f"{RUN_DIR}/{job_name}",
     ]
-    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    ports = [{"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}]
-    return _pod(body, the_plan, control, CONTROL, command, owner, env, ports)
+    meta = body["metadata"]
+    template = _template(body, the_plan)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": control,
+            "namespace": meta["namespace"],
+            "labels": {
+                **((template.get("metadata") or {}).get("labels") or {}),
+                "job-name": job_name,
+                ROLE: CONTROL,
+            },
+            "ownerReferences": [owner],
+        },
+        "spec": _control_spec(template.get("spec") or {}, control, job_name, command),
+    }
+
+
+def _control_spec(
+    template: dict[str, Any], name: str, job_name: str, command: list[str]
+) -> dict[str, Any]:
+    """The control-plane pod's spec. It runs the job manager, which needs no device, host
+    resource or Kubernetes API: no host network, PID or IPC, no host path, no privilege or
+    capability, no service-account token, a read-only root file system (the run directory and
+    ``/tmp`` are ``emptyDir`` volumes). It runs as uid 0 with no capability: Kubernetes mounts a
+    Secret's files as root's (an ``fsGroup`` would make the token group-readable, which
+    ``unbroken serve --secret-file`` refuses), so a non-root user could not read the token."""
+    first = template["containers"][0]
+    volumes, mounts = _volumes(job_name)
+    container: dict[str, Any] = {
+        "name": "control-plane",
+        "image": first["image"],
+        "command": command,
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "control", "containerPort": CONTROL_PORT, "protocol": "TCP"}],
+        "volumeMounts": [
+            *mounts,
+            {"name": "unbroken-runs", "mountPath": RUN_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "resources": yaml.safe_load(yaml.safe_dump(CONTROL_RESOURCES)),
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if "imagePullPolicy" in first:
+        container["imagePullPolicy"] = first["imagePullPolicy"]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # a control plane that ends ends the job
+        "hostname": name,
+        "subdomain": job_name,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [
+            *volumes,
+            {"name": "unbroken-runs", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    if template.get("imagePullSecrets"):
+        spec["imagePullSecrets"] = yaml.safe_load(yaml.safe_dump(template["imagePullSecrets"]))
+    return spec
 
 
 def host_pod(
@@ -226,7 +298,8 @@ def host_pod(
         "unbroken",
         "launch",
         "--join",
-        f"{control}.{job_name}:{CONTROL_PORT}",
+        # Fully qualified: a relative name goes through the pod's DNS search list.
+        f"{control}.{job_name}.{body['metadata']['namespace']}.svc.cluster.local:{CONTROL_PORT}",
         "--token-file",
         f"{TOKEN_DIR}/token",
         "--node",

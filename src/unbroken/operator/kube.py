@@ -37,6 +37,7 @@ operator restart keeps what was spent.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import threading
@@ -157,6 +158,19 @@ def service_manifest(body: dict[str, Any], job_plan: Plan) -> dict[str, Any]:
             "selector": {"job-name": job_plan.job.name},
             "ports": ports or [{"name": "master", "port": 29500}],
         },
+    }
+
+
+def authority_data(job: str) -> dict[str, str]:
+    """A new certificate authority for the job, as data of its Secret (``ca.crt``,
+    ``ca.key``: mounted beside the token, where ``unbroken serve --secret-file`` and ``unbroken
+    launch --token-file`` look for it)."""
+    from unbroken.rpc.pki import CA_CERT, CA_KEY, new_authority
+
+    authority = new_authority(job)
+    return {
+        CA_CERT: base64.b64encode(authority.cert).decode(),
+        CA_KEY: base64.b64encode(authority.key).decode(),
     }
 
 
@@ -299,6 +313,9 @@ class Operator:
         owner = _owner(raw)
         token = controlplane.make_token()
         secret = controlplane.secret_manifest(raw, token, owner)
+        # The job's certificate authority beside its token: the control plane's and the host
+        # pods' certificates come from it (mutual TLS on the control channel).
+        secret["data"].update(authority_data(p.job.name))
         config = controlplane.config_manifest(raw, job_document(raw), p, owner)
         self._create(
             lambda: self.core.create_namespaced_secret(

@@ -6,7 +6,9 @@ and a thread each (the synchronous server) starved the job manager's loop of the
 (bench/scale.py). Handlers are plain functions or coroutines: ``inline`` functions (that only
 put a message on a queue) and coroutines (that await an answer, :class:`Answer`) run on the
 loop; the other functions, which may block, run on a thread pool, as do blocking stream
-functions. Every call's secret is checked before its body is parsed.
+functions. Every call's secret is checked before its body is parsed. Across hosts the channel
+is mutual TLS (:mod:`unbroken.rpc.tls`): the server proves itself before a client sends the
+secret, and each call is checked against the identity its peer's certificate proved.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hmac
 import json
 import logging
 import os
+import resource
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from concurrent import futures
@@ -23,6 +26,15 @@ from typing import Any
 
 import grpc
 import grpc.aio
+
+from unbroken.protocol.wire import MAX_MESSAGE_BYTES, loads
+from unbroken.rpc.tls import (
+    CHANNEL_OPTIONS,
+    Credentials,
+    channel_credentials,
+    peer_identity,
+    server_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +48,9 @@ AsyncUnary = Callable[[JsonObj], Awaitable[JsonObj]]
 UnaryStream = Callable[[JsonObj, Callable[[], bool]], Iterator[JsonObj]]
 #: A stream that waits on the server's event loop (no thread while it waits).
 AsyncStream = Callable[[JsonObj], AsyncIterator[JsonObj]]
+#: Whether the peer that proved ``identity`` (its certificate's name; None without TLS) may make
+#: the call ``method`` with this body: None when it may, else the reason it may not.
+Authorize = Callable[[str, str | None, JsonObj], str | None]
 
 _END = object()
 #: gRPC's server drops calls at random once more than 1000 wait for the application to take
@@ -65,6 +80,42 @@ def _keepalive(seconds: float) -> list[tuple[str, int]]:
     ]
 
 
+#: A connection that has not sent gRPC's opening (the HTTP/2 preface and settings) this long
+#: after it was accepted is closed: a socket opened by someone without the secret and left
+#: idle holds a descriptor this long at most (gRPC's default: 120 s).
+HANDSHAKE_S = 10.0
+#: A connection with no call under way this long is closed; its client reconnects at its
+#: next call. An agent always has its order stream open; a CLI command makes one call.
+IDLE_S = 60.0
+#: Streams at once on one connection: an agent has its order stream and a few calls in flight;
+#: one client may wait on a few hundred calls at once (the manager answers them together).
+MAX_STREAMS = 256
+
+
+def connection_limit(soft_nofile: int | None = None) -> int:
+    """How many connections the server holds at once: the process's descriptors (the soft
+    ``RLIMIT_NOFILE``) less a quarter of them, at least 128, kept for the run's own files,
+    processes, stores and dashboard; 16 at the least. Past it gRPC closes a connection as
+    soon as it accepts it, so connections, of agents or of anyone on the host, never take
+    the descriptors a recovery needs. Every agent holds one connection: a job of N nodes
+    needs a soft limit above about 4/3 N + 128 (``ulimit -n``)."""
+    if soft_nofile is None:
+        soft_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft_nofile == resource.RLIM_INFINITY:
+            soft_nofile = 1 << 20
+    return max(16, soft_nofile - max(128, soft_nofile // 4))
+
+
+def _limits() -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_allowed_incoming_connections", connection_limit()),
+        ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_S * 1000)),
+        ("grpc.max_connection_idle_ms", int(IDLE_S * 1000)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+
+
 class RpcError(RuntimeError):
     """A control-plane call failed; the message says which call, where, and why."""
 
@@ -74,10 +125,9 @@ def _dumps(obj: JsonObj) -> bytes:
 
 
 def _loads(data: bytes) -> JsonObj:
-    obj = json.loads(data.decode())
-    if not isinstance(obj, dict):
-        raise ValueError("payload is not a JSON object")
-    return obj
+    # The protocol's one reader (a ValueError for NaN, Infinity, a number that overflows, an
+    # integer past 64 bits, values nested too deep, anything but an object).
+    return loads(data, "payload")
 
 
 def _authorized(context: grpc.aio.ServicerContext[Any, Any], secret: str) -> bool:
@@ -119,8 +169,14 @@ class ControlServer:
         inline: Collection[str] = (),
         async_unary: Mapping[str, AsyncUnary] | None = None,
         keepalive_s: float = KEEPALIVE_S,
+        tls: Credentials | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         self._secret = secret
+        # With ``tls`` the server proves itself with its certificate and asks every peer for
+        # one of the same authority; ``authorize`` then says what each proven peer may call.
+        self._tls = tls
+        self._authorize = authorize
         self._pool = futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="control-call"
         )
@@ -146,21 +202,24 @@ class ControlServer:
             )
         self._loop = _server_loop()
         self._server, bound = asyncio.run_coroutine_threadsafe(
-            self._create(host, port, handlers, _OPTIONS + _keepalive(keepalive_s)), self._loop
+            self._create(host, port, handlers, _OPTIONS + _limits() + _keepalive(keepalive_s)),
+            self._loop,
         ).result()
         if bound == 0:
             self._pool.shutdown(wait=False)
             raise RpcError(f"cannot bind the control plane to {host}:{port} (port in use?)")
         self.address = f"{host}:{bound}"
 
-    @staticmethod
     async def _create(
-        host: str, port: int, handlers: dict[str, Any], options: list[tuple[str, int]]
+        self, host: str, port: int, handlers: dict[str, Any], options: list[tuple[str, int]]
     ) -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         try:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            if self._tls is not None:
+                bound = server.add_secure_port(f"{host}:{port}", server_credentials(self._tls))
+            else:
+                bound = server.add_insecure_port(f"{host}:{port}")
         except RuntimeError:
             bound = 0
         return server, bound
@@ -168,16 +227,23 @@ class ControlServer:
     async def _request(
         self, name: str, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> JsonObj:
-        """The request's JSON object, once the caller proved the secret; aborts otherwise."""
+        """The request's JSON object, once the caller proved the secret (and, with
+        ``authorize``, that the identity its certificate proved may make this call); aborts
+        otherwise."""
         if not _authorized(context, self._secret):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong run secret")
         try:
-            return _loads(raw)
+            request = _loads(raw)
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request: {exc}"
             )
-        raise AssertionError("unreachable")
+            raise AssertionError("unreachable") from None
+        if self._authorize is not None:
+            why = self._authorize(name, peer_identity(context), request)
+            if why is not None:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{name}: {why}")
+        return request
 
     def _wrap_unary(self, name: str, fn: Unary, inline: bool) -> Callable[..., Any]:
         async def handle(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> JsonObj:
@@ -247,13 +313,21 @@ class ControlServer:
 
 
 class ControlClient:
-    """A client of a :class:`ControlServer`; every call has a deadline."""
+    """A client of a :class:`ControlServer`; every call has a deadline. With ``tls`` the
+    server must prove itself the job's control plane before the secret or any call is sent."""
 
-    def __init__(self, address: str, secret: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, address: str, secret: str, timeout_s: float = 5.0, tls: Credentials | None = None
+    ) -> None:
         self.address = address
         self._metadata = ((_SECRET_KEY, secret),)
         self._timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        if tls is None:
+            self._channel = grpc.insecure_channel(address)
+        else:
+            self._channel = grpc.secure_channel(
+                address, channel_credentials(tls), options=list(CHANNEL_OPTIONS)
+            )
 
     def call(self, method: str, request: JsonObj, timeout_s: float | None = None) -> JsonObj:
         stub = self._channel.unary_unary(
@@ -286,6 +360,11 @@ class ControlClient:
 def _describe(method: str, address: str, exc: grpc.RpcError) -> str:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE and "handshake" in details.lower():
+        return (
+            f"control plane at {address} failed the TLS handshake ({method}): it is not the "
+            f"job's control plane, or it refused this side's certificate: {details}"
+        )
     if code == grpc.StatusCode.UNAVAILABLE:
         return f"control plane at {address} is not reachable ({method}): {details}"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

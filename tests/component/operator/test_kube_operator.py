@@ -593,6 +593,10 @@ def test_a_job_with_process_level_rungs_gets_its_control_plane_and_host_pods() -
         secret = await until(lambda: live(k8s, SECRETS, f"{name}-unbroken"), "the Secret")
         token = base64.b64decode(secret["data"]["token"]).decode().strip()
         assert len(token) == 32 and int(token, 16) >= 0
+        # ... and the job's certificate authority beside it (mutual TLS on the control channel)
+        ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        key = base64.b64decode(secret["data"]["ca.key"]).decode()
+        assert ca.startswith("-----BEGIN CERTIFICATE-----") and "PRIVATE KEY" in key
         config = await until(lambda: live(k8s, CONFIGMAPS, f"{name}-unbroken"), "the ConfigMap")
         # The job as the operator read it, which `unbroken serve` reads the same way.
         served = load_job_text(config["data"]["job.yaml"])
@@ -606,7 +610,10 @@ def test_a_job_with_process_level_rungs_gets_its_control_plane_and_host_pods() -
         assert c["command"][:2] == ["unbroken", "serve"]
         assert c["command"][c["command"].index("--listen") + 1] == "$(POD_IP):29400"
         assert c["command"][c["command"].index("--secret-file") + 1] == "/etc/unbroken/token/token"
-        assert "resources" not in c  # the control plane holds no device
+        # The control plane holds no device, and gets none of the template's host-level fields.
+        assert set(c["resources"]["requests"]) == {"cpu", "memory"}
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
         assert pod["metadata"]["labels"]["unbroken.dev/role"] == "control-plane"
         for i, host in enumerate(hosts):
             got = await until(lambda host=host: live(k8s, PODS, host), host)
@@ -615,7 +622,7 @@ def test_a_job_with_process_level_rungs_gets_its_control_plane_and_host_pods() -
                 "unbroken",
                 "launch",
                 "--join",
-                f"{control}.{name}:29400",
+                f"{control}.{name}.{body['metadata']['namespace']}.svc.cluster.local:29400",
                 "--token-file",
                 "/etc/unbroken/token/token",
                 "--node",

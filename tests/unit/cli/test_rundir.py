@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unbroken.cli.rundir import RunDirError, claim_run_dir, is_live
+from unbroken.cli.rundir import RunDirError, claim_run_dir, control_of, is_live
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +78,77 @@ def test_a_directory_without_a_lock_is_live_only_while_its_control_pid_is(tmp_pa
     assert not is_live(tmp_path)
     (tmp_path / "control.json").unlink()
     assert not is_live(tmp_path)
+
+
+#: A uid that is not this process's (for the tests that give a file to another user).
+OTHER_UID = 4242 if os.geteuid() != 4242 else 4343
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+
+
+@needs_root
+def test_a_directory_of_another_user_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(RunDirError) as info:
+        claim_run_dir("mlp", theirs)
+    assert str(info.value) == (
+        f"run directory {theirs}: owned by uid {OTHER_UID}, not by this user "
+        f"(uid {os.geteuid()}) (choose another with --run-dir)"
+    )
+    assert theirs.stat().st_uid == OTHER_UID and mode(theirs) == 0o755
+    assert not (theirs / "run.lock").exists()
+
+
+def test_a_directory_others_may_write_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(RunDirError) as info:
+        claim_run_dir("mlp", shared)
+    assert str(info.value) == (
+        f"run directory {shared}: writable by group or others (mode 777) "
+        "(choose another with --run-dir)"
+    )
+    assert mode(shared) == 0o777 and not (shared / "run.lock").exists()
+
+
+@needs_root
+def test_a_control_file_of_another_user_is_not_read(tmp_path: Path) -> None:
+    control = tmp_path / "control.json"
+    control.write_text(f'{{"address": "127.0.0.1:1", "secret": "s", "pid": {os.getpid()}}}')
+    os.chmod(control, 0o600)
+    os.chown(control, OTHER_UID, OTHER_UID)
+    with pytest.raises(RunDirError) as info:
+        control_of(tmp_path)
+    assert str(info.value) == (
+        f"{control}: owned by uid {OTHER_UID}, not by this user (uid {os.geteuid()})"
+    )
+    assert not is_live(tmp_path)
+
+
+@pytest.mark.parametrize("owner", ["other user", "world-writable"])
+def test_serve_refuses_a_secret_file_or_token_file_not_its_own(
+    tmp_path: Path, owner: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if owner == "other user" and os.geteuid() != 0:
+        pytest.skip("giving a file to another uid needs root")
+    from unbroken.cli import main
+
+    job = Path(__file__).resolve().parents[2] / "fixtures" / "e2e" / "job.yaml"
+    for flag in ("--secret-file", "--token-file"):
+        token = tmp_path / f"{flag[2:]}"
+        token.write_text("0123456789abcdef0123456789abcdef\n")
+        os.chmod(token, 0o600)
+        if owner == "other user":
+            os.chown(token, OTHER_UID, OTHER_UID)
+            problem = f"owned by uid {OTHER_UID}, not by this user (uid {os.geteuid()})"
+        else:
+            os.chmod(token, 0o622)
+            problem = "writable by group or others (mode 622)"
+        run_dir = tmp_path / f"run-{flag[2:]}"
+        assert main(["serve", str(job), flag, str(token), "--run-dir", str(run_dir)]) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1] == f"unbroken serve: {flag} {token}: {problem}"
+        assert not run_dir.exists()
+        assert token.read_text() == "0123456789abcdef0123456789abcdef\n"

@@ -27,6 +27,7 @@ from unbroken.ledger import (
     JobFailed,
     JobPhase,
     JobStatus,
+    JobStopped,
     JobSubmitted,
     JobSucceeded,
     Ledger,
@@ -42,6 +43,7 @@ from unbroken.ledger import (
     PodStatus,
     ProcessesStarted,
     RecoveryCompleted,
+    RungsUnavailable,
     StateLoaded,
     StateSource,
     StepProgress,
@@ -162,6 +164,12 @@ ONE_OF_EACH: tuple[Event, ...] = (
     ),
     JobSucceeded(step=200),
     JobFailed(reason="no healthy node for pod worker-1", step=None),
+    JobStopped(signal="SIGINT", step=120),
+    RungsUnavailable(
+        ranks=(0, 1, 2, 3),
+        rungs=("retry", "recover"),
+        reason="no Unbroken session (the script does not call unbroken.worker.init)",
+    ),
 )
 
 

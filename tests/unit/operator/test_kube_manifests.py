@@ -59,6 +59,7 @@ def test_every_kind_is_deployed() -> None:
         "CustomResourceDefinition",
         "Deployment",
         "Namespace",
+        "RoleBinding",
         "ServiceAccount",
     ]
 
@@ -79,15 +80,41 @@ def test_a_bad_manifest_is_refused() -> None:
 
 
 def test_the_service_account_is_bound_to_the_role_the_deployment_uses() -> None:
-    docs = {d["kind"]: d for _, d in _manifests()}
-    sa = docs["ServiceAccount"]["metadata"]
-    binding = docs["ClusterRoleBinding"]
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
+    ((_, sa_name),) = [k for k in docs if k[0] == "ServiceAccount"]
+    sa = docs["ServiceAccount", sa_name]["metadata"]
+    pod = docs["Deployment", "unbroken-operator"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["name"]
-    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+    subject = {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+    cluster_wide = docs["ClusterRoleBinding", "unbroken-operator"]
+    assert cluster_wide["roleRef"]["name"] == "unbroken-operator"
+    assert cluster_wide["subjects"] == [subject]
+    per_namespace = docs["RoleBinding", "unbroken-operator-jobs"]
+    assert per_namespace["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "unbroken-operator-jobs",
+    }
+    assert per_namespace["subjects"] == [subject]
+    assert ("ClusterRole", "unbroken-operator-jobs") in docs
+
+
+def test_the_operator_writes_only_in_the_namespaces_it_is_given() -> None:
+    """What the operator may do in every namespace is to read (watch jobs, their pods and
+    nodes); creating pods, Secrets and the rest comes only with a RoleBinding in a namespace."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
+    cluster_wide = docs["ClusterRole", "unbroken-operator"]["rules"]
+    verbs = {v for rule in cluster_wide for v in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch"}, verbs
+    bound = [
+        d
+        for (kind, _), d in docs.items()
+        if kind == "ClusterRoleBinding" and d["roleRef"]["name"] == "unbroken-operator-jobs"
     ]
+    assert not bound, "the rights to write are bound cluster-wide"
+    per_namespace = docs["ClusterRole", "unbroken-operator-jobs"]["rules"]
+    pods = [r for r in per_namespace if "pods" in r["resources"]]
+    assert pods and {"create", "delete"} <= {v for r in pods for v in r["verbs"]}
 
 
 def test_seed_jobs_exist() -> None:
