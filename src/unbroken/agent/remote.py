@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -70,6 +69,7 @@ from unbroken.rpc.tls import (
     Credentials,
     CredentialsError,
     node_identity,
+    private_file_problem,
     read_credentials,
     write_credentials,
 )
@@ -182,16 +182,16 @@ def route_address(host: str, port: int) -> str:
 
 
 def read_token(path: Path, flag: str = "--token-file") -> str:
-    """The token in ``path``, a file only its owner may read (``flag`` names it in errors)."""
+    """The token in ``path``, a file of this user's that only it may read (``flag`` names it
+    in errors)."""
     try:
         st = path.stat()
         text = path.read_text().strip()
     except OSError as exc:
         raise JoinError(f"{flag} {path}: {exc.strerror or exc}") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise JoinError(
-            f"{flag} {path}: readable by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it"
-        )
+    problem = private_file_problem(st)
+    if problem:
+        raise JoinError(f"{flag} {path}: {problem}")
     if not text:
         raise JoinError(f"{flag} {path}: empty")
     return text
