@@ -368,6 +368,8 @@ class JobManager:
             return
         signal = stop.signal if isinstance(stop, StopRequested) else "SIGINT"
         step = self.gens.committed(self.progress_step)
+        # The status says the step the stop record says (progress is read only at scans).
+        self.milestones.progress_step = max(self.milestones.progress_step, step)
         reason = f"stopped by {signal} at step {step}"
         if isinstance(stop, StopRequested):
             stop.reason = reason
