@@ -1,4 +1,4 @@
-"""Train a small MLP with sharded state on gloo: ZeRO over DDP, FSDP2 or HSDP.
+"""Train a small MLP, replicated or sharded, on gloo: DDP, ZeRO over DDP, FSDP2 or HSDP.
 
 Runs unchanged under plain torchrun and under ``unbroken launch``::
 
@@ -7,6 +7,7 @@ Runs unchanged under plain torchrun and under ``unbroken launch``::
 
 ``--parallel``:
 
+``ddp``   ``DistributedDataParallel``: every rank holds the whole model and optimizer;
 ``zero``  ``DistributedDataParallel`` with ``torch.distributed.optim.ZeroRedundancyOptimizer``:
           the model replicated, the optimizer state partitioned over the ranks;
 ``fsdp``  ``fully_shard`` (FSDP2) over all ranks: parameters, gradients and optimizer state are
@@ -19,6 +20,12 @@ lost rank's shards come from the other replica group; the script builds its one 
 before ``ub.init``, as a replacement process must), and so does ``zero`` with
 ``--replica-optimizer`` (each rank also keeps the previous rank's optimizer partition);
 ``zero`` without it and ``fsdp`` hold each shard once and restart from the newest checkpoint.
+
+The loop is the one large-model loops write: AdamW with a warm-up then cosine learning-rate
+schedule, ``clip_grad_norm_`` before the update (under FSDP2 the norm of the ``DTensor``
+gradients is an all-reduce over the mesh), the loss all-reduced for the log and every rank's
+token count gathered (``--log-every``). Under ``unbroken launch`` each of those collectives
+fails the step, not the rank, when a peer dies.
 
 Everything that decides the result is a function of ``--seed`` and the data-parallel rank:
 initial weights, each rank's batch of each step. The script writes ``--result`` (rank 0) as
@@ -95,7 +102,7 @@ def full_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parallel", choices=("zero", "fsdp", "hsdp"), default="fsdp")
+    p.add_argument("--parallel", choices=("ddp", "zero", "fsdp", "hsdp"), default="fsdp")
     p.add_argument("--replicas", type=int, default=2, help="replica groups of hsdp")
     p.add_argument("--steps", type=int, default=40, help="total training steps")
     p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (resumes from it)")
@@ -114,6 +121,14 @@ def main() -> None:
         help="zero: each rank also keeps the previous rank's optimizer partition",
     )
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds of 'compute'")
+    p.add_argument("--lr-period", type=int, default=200, help="steps of the cosine schedule")
+    p.add_argument("--max-norm", type=float, default=1.0, help="gradient clipping; 0: none")
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=1,
+        help="all-reduce the loss and gather the ranks' sample counts every N steps; 0: never",
+    )
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -122,7 +137,10 @@ def main() -> None:
 
     model: nn.Module = make_model(args.seed)
     opt: torch.optim.Optimizer
-    if args.parallel == "zero":
+    if args.parallel == "ddp":
+        model = DistributedDataParallel(model, find_unused_parameters=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    elif args.parallel == "zero":
         model = DistributedDataParallel(model, find_unused_parameters=True)
         opt = ZeroRedundancyOptimizer(
             model.parameters(), optimizer_class=torch.optim.AdamW, lr=args.lr, weight_decay=0.01
@@ -140,10 +158,21 @@ def main() -> None:
         fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
+    # Not a function of --steps: a run resumed with more steps follows the same schedule.
+    warmup = 5
+    scheduler = torch.optim.lr_scheduler.SequentialLR(
+        opt,
+        [
+            torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=warmup),
+            torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.lr_period),
+        ],
+        milestones=[warmup],
+    )
 
     session = ub.init(
         model,
         opt,
+        state={"scheduler": scheduler},
         ckpt_dir=args.ckpt_dir,
         ckpt_every=args.ckpt_every,
         seed=args.seed,
@@ -155,9 +184,23 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
+        if args.max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         opt.step()
+        scheduler.step()
+        if args.log_every and step % args.log_every == 0:
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss)
+            samples = [torch.zeros((), dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(samples, torch.tensor(len(y), dtype=torch.int64))
+            if rank == 0 and step % 10 == 0:
+                print(
+                    f"step {step}: loss {mean_loss.item() / world:.4f} "
+                    f"({int(sum(samples))} samples)",
+                    flush=True,
+                )
     digest = full_digest(model, opt)
     session.close()
 

@@ -243,6 +243,57 @@ def check_foreach_div_(rank: int) -> None:
     assert all(torch.equal(t, e) for t, e in zip(tensors, expected, strict=True))
 
 
+def check_device_backends(rank: int) -> None:
+    assert torchapi.device_backends(None)["cpu"] == "gloo"  # "cpu:gloo,cuda:gloo" for "gloo"
+    group = dist.new_group(backend="gloo")
+    assert torchapi.device_backends(group)["cpu"] == "gloo"
+
+
+def check_plain_group(rank: int) -> None:
+    store = torchapi.PrefixStore("torchapi/plain/", torchapi.default_store())
+    group = torchapi.plain_group(store, rank, WORLD, timedelta(seconds=60), {"cpu": "gloo"})
+    assert (group.rank(), group.size()) == (rank, WORLD)
+    tensor = torch.full((3,), float(rank + 1))
+    group.allreduce([tensor]).wait()
+    assert tensor.tolist() == [3.0] * 3
+    outputs = torch.empty(2 * WORLD)
+    group._allgather_base(outputs, torch.full((2,), float(rank))).wait()
+    assert outputs.tolist() == [0.0, 0.0, 1.0, 1.0]
+    # Not registered: dropping it closes its links, so a peer in a collective fails at once.
+    store_ = torchapi.default_store()
+    if rank == 1:
+        work = group.allreduce([torch.ones(2)])
+        store_.set("plain-group/started", "1")
+        began = time.monotonic()
+        try:
+            work.wait()
+        except RuntimeError:
+            assert time.monotonic() - began < 30
+        else:
+            raise AssertionError("an all-reduce with a dropped peer group succeeded")
+        del work
+    else:
+        store_.wait(["plain-group/started"], timedelta(seconds=60))
+        time.sleep(0.2)
+    del group
+    gc.collect()
+
+
+def check_make_default_group(rank: int) -> None:
+    previous = dist.group.WORLD
+    group = dist.new_group(backend="gloo")
+    torchapi.make_default_group(group)
+    try:
+        assert dist.group.WORLD is group
+        tensor = torch.full((1,), float(rank + 1))
+        dist.all_reduce(tensor)  # group=None: the new default
+        assert tensor.item() == 3.0
+        assert dist.get_rank() == rank
+    finally:
+        assert isinstance(previous, dist.ProcessGroup)
+        torchapi.make_default_group(previous)
+
+
 CHECKS: dict[str, Callable[[int], None]] = {
     name.removeprefix("check_"): value
     for name, value in list(globals().items())
@@ -383,6 +434,18 @@ def test_verify_params_across_processes(outcomes: dict[str, list[str]]) -> None:
 
 def test_broadcast_coalesced(outcomes: dict[str, list[str]]) -> None:
     _assert_ok(outcomes, "broadcast_coalesced")
+
+
+def test_device_backends(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "device_backends")
+
+
+def test_plain_group(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "plain_group")
+
+
+def test_make_default_group(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "make_default_group")
 
 
 def test_foreach_div_(outcomes: dict[str, list[str]]) -> None:

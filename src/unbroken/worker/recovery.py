@@ -118,6 +118,7 @@ from unbroken.worker.opretry import (
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.sharding import Layout, in_process_refusal
 from unbroken.worker.shardsync import ShardSync
+from unbroken.worker.stepgroup import adopt_default_group, release_all
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stress import SimDevice, device_checksum, run_stress
 from unbroken.worker.torchapi import (
@@ -208,6 +209,13 @@ class Recovery:
         self.checkpointer: Checkpointer | None = None
         self.recoveries = 0
         _set_timeout(settings.comm_timeout_s)
+        self._in_step = False
+        self._updated = False
+        self._update_failure: SyncFailure | None = None
+        # Every collective of a step, the script's own included, fails the step (not the
+        # rank) from here on: the default group, and the groups built over it, are the
+        # session's (:mod:`unbroken.worker.stepgroup`).
+        self._adopt_default_group()
         self.sync: GradSync | ShardSync
         if ddp is None:  # HSDP
             self.sync = ShardSync.install(state.model, _default_group(), settings.comm_timeout_s)
@@ -238,7 +246,6 @@ class Recovery:
         self._command: Command | None = None
         #: The device check's checksum at the start, what a stress test compares with.
         self.stress_expected = device_checksum(settings.device) if self._reader else ""
-        self._update_failure: SyncFailure | None = None
         self._suspect = False
         self._resumed = False
         self._step = -1
@@ -307,14 +314,55 @@ class Recovery:
 
     # -- the hot path ------------------------------------------------------------------------
 
+    # -- the step's collectives (unbroken.worker.stepgroup.StepFaults) ------------------------
+
+    @property
+    def in_step(self) -> bool:
+        """Whether the script is inside a step (its collectives' failures fail the step)."""
+        return self._in_step
+
+    @property
+    def updated(self) -> bool:
+        """Whether this step's optimizer update ran whole before any of its collectives
+        failed: the state is the step's result, and the step counts as done."""
+        return self._updated
+
+    @property
+    def step_failed(self) -> bool:
+        return self.failure is not None
+
+    def collective_failed(self, error: Exception) -> None:
+        """A collective of the step failed because of a peer: the step fails."""
+        if self.failure is None:
+            self.sync.fail_step(error)
+
+    def _adopt_default_group(self) -> None:
+        timeout = timedelta(seconds=self.settings.comm_timeout_s)
+        adopt_default_group(self, timeout)
+        if self.state.zero_replica is not None:
+            # ZeRO broadcasts its updated partitions over the group it was built with.
+            self.state.zero_replica.zero.process_group = _default_group()
+
+    # -- the hot path ------------------------------------------------------------------------
+
     def begin_step(self, step: int) -> None:
+        """Forget the last step's failure (the boundary's own collectives still raise)."""
         self._step = step
         self._update_failure = None
+        self._updated = False
         self.sync.begin_step(step)
         self.rng.begin(step, self.rank)
         if self._resumed:
             self._resumed = False
             self._heartbeat(phase=Phase.TRAINING)
+
+    def enter_step(self) -> None:
+        """The script's step begins: its collectives' failures fail the step from now on."""
+        self._in_step = True
+
+    def end_step(self) -> None:
+        """The step's body is over (the boundary)."""
+        self._in_step = False
 
     def poll(self) -> bool:
         """At a step boundary: whether a command asks this rank to stop here."""
@@ -387,11 +435,18 @@ class Recovery:
         """Stop, wait for a rejoin command, regroup, repair; returns the step to run next,
         or None when a stop was requested while waiting."""
         failure = self.failure
-        step = self._step if failure is not None else committed
+        # A step whose update ran before a later collective failed was committed: the
+        # failure is then at the boundary after it.
+        step = self._step if failure is not None and not self._updated else committed
         rank = self.rank
         if self._failure_code() is StepFailure.DEVICE_MEMORY:
             self._suspect = True  # corrupt memory: never a replica source, always repaired
-        if failure is not None:
+        if failure is not None and self._updated:
+            what = (
+                f"a collective of step {self._step} after its update failed ({failure.reason}); "
+                f"the step is committed"
+            )
+        elif failure is not None:
             what = f"step {step} failed ({failure.reason})"
         else:
             assert self._command is not None
@@ -547,6 +602,7 @@ class Recovery:
         # Drop every reference to the old groups first: gloo closes a group's connections
         # only when its last reference goes, and peers must see them close.
         self.sync.detach()
+        release_all()  # the step groups' links close now, whoever else holds the groups
         if self.state.zero_replica is not None:
             self.state.zero_replica.zero.process_group = None  # the regroup sets the new one
         if self.checkpointer is not None:
@@ -659,11 +715,10 @@ class Recovery:
             self.sync.replay_mesh()  # what a replacement's script builds before init
         else:
             self._replay_ddp_init()
-        if self.state.zero_replica is not None:
-            # ZeRO broadcasts its updated partitions over the group it was built with.
-            self.state.zero_replica.zero.process_group = _default_group()
+        # Then what a replacement's unbroken.worker.init does, in the same order.
         if self.checkpointer is not None:
             self.checkpointer.use_group(*checkpoint_group(self.settings.ckpt_timeout_s))
+        self._adopt_default_group()
         self.sync.attach(_default_group())
         if self.sync.op_retry is not None:
             self.sync.use_op_retry(self.sync.op_retry, command.generation)
@@ -733,8 +788,12 @@ def _wrap_optimizer_step(optimizer: torch.optim.Optimizer, recovery: Recovery) -
         except RuntimeError as e:
             recovery._update_failed(e)
             return None
-        if recovery.sync.failure is not None:  # a closure's backward failed inside the step
+        if recovery.sync.failure is not None:
+            # A collective inside the update failed (ZeRO's broadcast of the updated
+            # partitions, a closure's backward): the update may have run halfway.
             recovery._suspect = True
+        else:
+            recovery._updated = True
         return result
 
     optimizer.step = step  # type: ignore[method-assign]

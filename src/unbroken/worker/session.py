@@ -294,8 +294,18 @@ class Session:
                 self._recover()  # a command stopped this rank at the boundary
                 continue
             self._begin(step)
-            yield step
+            if self._recovery is not None:
+                self._recovery.enter_step()
+            try:
+                yield step
+            finally:
+                if self._recovery is not None:
+                    self._recovery.end_step()
             if self._recovery is not None and self._recovery.failure is not None:
+                if self._recovery.updated:
+                    # The update ran whole on gradients every rank shared; a collective
+                    # after it failed (a logged loss): the step is done, the peer is not.
+                    self._commit(step)
                 self._recover()  # then redo the step the repair resumes at
                 continue
             self._commit(step)

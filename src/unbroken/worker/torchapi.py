@@ -38,12 +38,15 @@ __all__ = [
     "ddp_register_buffer_hook",
     "ddp_use_process_group",
     "default_store",
+    "device_backends",
     "foreach_div_",
     "gloo_allgather",
     "gloo_allreduce",
     "gloo_barrier",
     "gloo_broadcast",
     "gloo_group",
+    "make_default_group",
+    "plain_group",
     "set_group_timeout",
     "unbind_default_group_arguments",
     "verify_params_across_processes",
@@ -88,6 +91,58 @@ def unbind_default_group_arguments() -> None:
             value.__defaults__ = tuple(
                 None if isinstance(d, dist.ProcessGroup) else d for d in defaults
             )
+
+
+def make_default_group(group: dist.ProcessGroup) -> None:
+    """Make ``group`` (registered with ``torch.distributed``, of every rank) the default group:
+    what ``group=None`` and ``dist.group.WORLD`` mean from now on, and what groups built
+    without a backend are built like.
+
+    ``torch.distributed.distributed_c10d._update_default_pg``; checked against torch 2.11 and
+    2.13. Public replacement: ``destroy_process_group`` then ``init_process_group``, which
+    would take down the script's groups with the old one."""
+    dist.distributed_c10d._update_default_pg(group)
+
+
+def device_backends(group: dist.ProcessGroup | None) -> dict[str, str]:
+    """Device type -> backend name of ``group``'s collectives (``{"cpu": "gloo"}``,
+    ``{"cuda": "nccl"}``...), from its backend configuration (``"cpu:gloo,cuda:nccl"``).
+
+    Public: ``dist.get_backend_config``; checked against torch 2.11 and 2.13."""
+    config = dist.get_backend_config(group)
+    backends: dict[str, str] = {}
+    for part in config.split(","):
+        device, sep, name = part.strip().partition(":")
+        if sep:
+            backends[device] = name
+    return backends or {"cpu": config.strip()}
+
+
+def plain_group(
+    store: Store, rank: int, size: int, timeout: timedelta, backends: dict[str, str]
+) -> dist.ProcessGroup:
+    """A process group over ``store`` not registered with ``torch.distributed``, gloo for CPU
+    tensors and ``backends["cuda"]`` (NCCL or gloo) for CUDA ones: dropping its last reference
+    closes its links.
+
+    Builds ``torch._C._distributed_c10d.ProcessGroup`` and registers backends on it as
+    ``init_process_group`` does inside (``_register_backend``); checked against torch 2.13.
+    Public replacement: none (``new_group`` registers the group)."""
+    group = dist.ProcessGroup(store, rank, size)
+    gloo = ProcessGroupGloo(PrefixStore("cpu/", store), rank, size, timeout)
+    backend_type = dist.ProcessGroup.BackendType
+    group._set_default_backend(backend_type.GLOO)
+    group._register_backend(torch.device("cpu"), backend_type.GLOO, gloo)
+    if torch.cuda.is_available():
+        if backends.get("cuda") == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            nccl = dist.ProcessGroupNCCL(PrefixStore("cuda/", store), rank, size, options)
+            group._set_default_backend(backend_type.NCCL)
+            group._register_backend(torch.device("cuda"), backend_type.NCCL, nccl)
+        else:
+            group._register_backend(torch.device("cuda"), backend_type.GLOO, gloo)
+    return group
 
 
 # -- gloo groups of the worker's own ---------------------------------------------------------
