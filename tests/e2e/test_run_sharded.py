@@ -247,3 +247,50 @@ def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[3])
     assert digest(run_dir) == zero_fault_free.digest
+
+
+# -- DDP, with the same loop: the sharded layouts recover as it does ------------------------------
+
+DDP_SCRIPT = {**HSDP_SCRIPT, "--parallel=hsdp": "--parallel=ddp"}
+
+
+@pytest.fixture(scope="module")
+def ddp_fault_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    base = tmp_path_factory.mktemp("ddp-fault-free")
+    job = write_job(base / "job.yaml", job=HSDP, replace=DDP_SCRIPT)
+    res = run_job(base / "run", job=job)
+    assert res.rc == 0 and "0 fault(s)" in res.stdout, res.explain()
+    return Reference(base / "run", digest(base / "run"))
+
+
+@pytest.mark.parametrize("fault", ["kill", "node"])
+def test_ddp_loop_with_clipping_and_logged_collectives_recovers_in_process(
+    run_dir: Path, tmp_path: Path, ddp_fault_free: Reference, fault: str
+) -> None:
+    """The loop clips gradients and all-reduces and gathers for its log after the update: a
+    rank killed (recover-in-place) or a node lost (recover on the spare node) costs no
+    healthy process and no step, and the run ends with the fault-free model."""
+    replace = dict(DDP_SCRIPT)
+    chaos = KILL
+    if fault == "node":
+        chaos = FIXTURES / "kill-node.yaml"
+        replace.update(
+            {
+                'recover-strategy: "recover-in-place"': 'recover-strategy: "recover"',
+                'fault-scheduling: "grace"': (
+                    'fault-scheduling: "grace"\n    pod-rescheduling: "on"'
+                ),
+                "--step-sleep=0.02": "--step-sleep=0.05",
+            }
+        )
+    job = write_job(tmp_path / "job.yaml", job=HSDP, replace=replace)
+    res = run_job(run_dir, "--chaos", chaos, job=job)
+    assert res.rc == 0, res.explain()
+    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    expected = "recover-in-place" if fault == "kill" else "recover"
+    assert incident[1]["strategy"] == expected, incident[1]
+    assert recomputed_steps(run_dir) == 0
+    assert_healthy_ranks_kept_their_processes(evs, replaced=[3] if fault == "kill" else [2, 3])
+    assert digest(run_dir) == ddp_fault_free.digest

@@ -49,10 +49,12 @@ environment) and runs step 4 instead of loading a checkpoint.
 Without a mailbox (plain ``torchrun``) a failed step raises :class:`RecoveryFailed` at the
 step boundary: there is no one to send the command.
 
-Limits: the script must not run other collectives between ``init_process_group`` and
-``unbroken.worker.init``, nor inside a step outside DDP's backward (those would fail as
-exceptions of their own); DDP's constructor must run its default initial synchronisation
-(``init_sync=True``); buffers are broadcast from rank 0 before each forward as DDP does
+Every collective of a step, the script's own included, fails the step rather than raising
+(:mod:`unbroken.worker.stepgroup`: the default group, and the groups built over it, are the
+session's from ``unbroken.worker.init`` and every regroup on). Limits: the script must not run
+other collectives between ``init_process_group`` and ``unbroken.worker.init``; DDP's
+constructor must run its default initial synchronisation (``init_sync=True``); buffers are
+broadcast from rank 0 before each forward as DDP does
 (``broadcast_buffers`` at its default) or not at all (``broadcast_buffers=False``), while
 ``forward_sync_buffers=False`` is not supported; every rank must use the same parameters in a
 step (see :mod:`unbroken.worker.commhook`); state outside the model, the optimizer and the
@@ -323,8 +325,7 @@ class Recovery:
 
     @property
     def updated(self) -> bool:
-        """Whether this step's optimizer update ran whole before any of its collectives
-        failed: the state is the step's result, and the step counts as done."""
+        """Whether the step's update ran whole before a collective failed (the step is done)."""
         return self._updated
 
     @property
@@ -435,17 +436,13 @@ class Recovery:
         """Stop, wait for a rejoin command, regroup, repair; returns the step to run next,
         or None when a stop was requested while waiting."""
         failure = self.failure
-        # A step whose update ran before a later collective failed was committed: the
-        # failure is then at the boundary after it.
+        # A step whose update ran before a later collective failed was committed.
         step = self._step if failure is not None and not self._updated else committed
         rank = self.rank
         if self._failure_code() is StepFailure.DEVICE_MEMORY:
             self._suspect = True  # corrupt memory: never a replica source, always repaired
         if failure is not None and self._updated:
-            what = (
-                f"a collective of step {self._step} after its update failed ({failure.reason}); "
-                f"the step is committed"
-            )
+            what = f"a collective after step {self._step}'s update failed ({failure.reason})"
         elif failure is not None:
             what = f"step {step} failed ({failure.reason})"
         else:
