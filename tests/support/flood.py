@@ -19,6 +19,9 @@ class IdleConnections:
         self._socks: dict[tuple[str, int], list[socket.socket]] = {t: [] for t in self._targets}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._hold, name="idle-connections", daemon=True)
+        #: Held while the flood opens or closes a socket: hold it to count this process's
+        #: descriptors against :meth:`open_now` without the flood moving in between.
+        self.lock = threading.Lock()
         #: Connections opened, and those the servers closed, over the whole flood.
         self.opened = 0
         self.closed_by_server = 0
@@ -46,14 +49,16 @@ class IdleConnections:
     def _hold(self) -> None:
         while not self._stop.is_set():
             for target, socks in self._socks.items():
-                self._drop_closed(socks)
+                with self.lock:
+                    self._drop_closed(socks)
                 while len(socks) < self._per and not self._stop.is_set():
-                    try:
-                        s = socket.create_connection(target, timeout=2.0)
-                    except OSError:
-                        break  # the backlog is full: try again at the next round
-                    socks.append(s)
-                    self.opened += 1
+                    with self.lock:
+                        try:
+                            s = socket.create_connection(target, timeout=2.0)
+                        except OSError:
+                            break  # the backlog is full: try again at the next round
+                        socks.append(s)
+                        self.opened += 1
             self._stop.wait(0.5)
 
     def _drop_closed(self, socks: list[socket.socket]) -> None:
