@@ -192,20 +192,13 @@ def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
     run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
 ) -> None:
     """The ``retry`` rung: rank 2's parameter shard is corrupt at step 25 (the step fails before
-    it shares anything); no process restarts, its shard comes from rank 0. Op retry is on in the
-    job's env; it re-executes DDP's all-reduce only, and each rank says so."""
+    it shares anything); no process restarts, its shard comes from rank 0."""
     job = write_job(
         tmp_path / "job.yaml",
         job=HSDP,
         replace={
             **HSDP_SCRIPT,
             'recover-strategy: "recover-in-place"': 'recover-strategy: "retry,recover-in-place"',
-            "- name: ascend\n              command:": (
-                "- name: ascend\n              env:\n"
-                "                - name: HCCL_OP_RETRY_ENABLE\n"
-                '                  value: "L0:0, L1:1, L2:1"\n'
-                "              command:"
-            ),
         },
     )
     res = run_job(run_dir, "--chaos", FIXTURES / "memory-rank.yaml", job=job)
@@ -221,12 +214,51 @@ def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[])
     assert digest(run_dir) == hsdp_fault_free.digest
-    logs = sorted(run_dir.glob("pods/*/logs/rank*.log"))
+
+
+# -- op retry: a link fault inside the step's collectives is re-executed, not recovered ---------
+
+OP_RETRY_ENV = (
+    "- name: ascend\n              env:\n"
+    "                - name: HCCL_OP_RETRY_ENABLE\n"
+    '                  value: "L0:1, L1:1, L2:1"\n'
+    "                - name: HCCL_OP_RETRY_PARAMS\n"
+    '                  value: "MaxCnt:3, HoldTime:200, IntervalTime:200"\n'
+    "              command:"
+)
+LINK = FIXTURES / "chaos-link.yaml"  # rank 2's links reset before its step 20
+
+
+def _link_fault_is_re_executed(run_dir: Path, job: Path, reference: Reference) -> list[str]:
+    """Run ``job`` with rank 2's links reset before step 20; returns the ranks' logs."""
+    res = run_job(run_dir, "--chaos", LINK, job=job)
+    assert res.rc == 0, res.explain()
+    assert "step 40/40; 0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
+    evs = events(run_dir)
+    retried = of_kind(evs, "OpRetry")
+    assert {e["rank"] for e in retried} == {0, 1, 2, 3}, retried
+    assert {e["step"] for e in retried} == {20}, retried
+    assert not of_kind(evs, "FaultDetected") and not of_kind(evs, "DecisionMade")
+    assert started_ranks(evs) == [0, 1, 2, 3]  # no process was started again
+    assert digest(run_dir) == reference.digest
+    logs = [log.read_text() for log in sorted(run_dir.glob("pods/*/logs/rank*.log"))]
     assert len(logs) == 4
-    for log in logs:
-        assert "op retry (HCCL_OP_RETRY_*) re-executes DDP's gradient all-reduce only" in (
-            log.read_text()
-        ), log
+    return logs
+
+
+def test_hsdp_link_fault_in_the_mesh_collectives_is_re_executed_by_op_retry(
+    run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
+) -> None:
+    """FSDP2's all-gathers and reduce-scatters, the clipped gradients' norm and the logged
+    loss all go through the session's groups: with op retry on, the failed ones are issued
+    again over new groups of the same ranks and the step goes on in every process."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=HSDP,
+        replace={**HSDP_SCRIPT, "- name: ascend\n              command:": OP_RETRY_ENV},
+    )
+    for log in _link_fault_is_re_executed(run_dir, job, hsdp_fault_free):
+        assert "the collectives of step 20 issued again (op retry 1/3" in log, log[-3000:]
 
 
 # -- ZeRO with a replica optimizer: every partition is held twice --------------------------------
@@ -247,6 +279,23 @@ def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[3])
     assert digest(run_dir) == zero_fault_free.digest
+
+
+def test_zero_link_fault_in_the_optimizer_broadcast_is_re_executed_by_op_retry(
+    run_dir: Path, tmp_path: Path, zero_fault_free: Reference
+) -> None:
+    """The gradient all-reduce fails first and is re-executed by the DDP hook's op retry;
+    ZeroRedundancyOptimizer's broadcast of the updated partitions then fails inside
+    ``optimizer.step()`` and is issued again over the session's new groups: no recovery."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=ZERO_REPLICA,
+        replace={**HSDP_SCRIPT, "- name: ascend\n              command:": OP_RETRY_ENV},
+    )
+    for log in _link_fault_is_re_executed(run_dir, job, zero_fault_free):
+        assert "gradient all-reduce of step 20 re-executed (op retry 1/3" in log, log[-3000:]
+        assert "broadcast over ranks [0, 1, 2, 3] of step 20 failed" in log, log[-3000:]
+        assert "the collectives of step 20 issued again (op retry 1/3" in log, log[-3000:]
 
 
 # -- DDP, with the same loop: the sharded layouts recover as it does ------------------------------

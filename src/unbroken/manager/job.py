@@ -501,7 +501,7 @@ class JobManager:
                         at=view.op_retry_at,
                     )
                     self.console.line(
-                        f"rank {view.rank}: gradient all-reduce of step {step} re-executed "
+                        f"rank {view.rank}: the collectives of step {step} re-executed "
                         f"({retry}); no recovery needed"
                     )
 

@@ -33,7 +33,7 @@ class RankView:
     first_commit_at: float = 0.0
     recoverable: bool = False  # the worker can rejoin a new group and be repaired in process
     session: bool = False  # the process wrote a heartbeat record: it started an Unbroken session
-    op_retries: int = 0  # gradient all-reduces this process re-executed (op retry)
+    op_retries: int = 0  # op retries (re-executions) that succeeded in this process
     op_retry_at: float = 0.0
     op_retry_last: int = 0  # step, attempt and level (unbroken.protocol.heartbeat.pack_op_retry)
     dumped_step: int = -1  # the step of the last words this rank wrote (-1: none)

@@ -118,7 +118,7 @@ class HeartbeatRecord:
     recoverable: int = 0  # 1: this rank can regroup and be repaired in process (has a mailbox)
     failure: int = 0  # why ``failed_step`` failed: a :class:`StepFailure` code
     # Op retry (in version 2's reserved padding: a record by an older writer reads zeros):
-    op_retries: int = 0  # gradient all-reduces re-executed successfully by this process
+    op_retries: int = 0  # op retries (re-executions) that succeeded in this process
     op_retry_at: float = 0.0  # when the last re-execution succeeded
     op_retry_last: int = 0  # the last one's step, attempt and level: see :func:`pack_op_retry`
     # Last words (``dump``):

@@ -7,8 +7,10 @@ The job's container environment carries the seed's two knobs into every rank:
 When the level of the gradient group is enabled, the DDP hook (:mod:`unbroken.worker.commhook`)
 keeps a copy of every buffer it all-reduces until the step's all-reduces succeeded, and a
 failed one is re-executed by :class:`OpRetrier` up to ``MaxCnt`` times, ``HoldTime`` after the
-failure and ``IntervalTime`` between re-executions. Nothing else is retried: a step failed by
-``fail_step`` (a device memory error) or by the optimizer update goes to recovery as before.
+failure and ``IntervalTime`` between re-executions. The step's other collectives (on the
+default group and the groups built over it) are re-executed by :mod:`unbroken.worker.stepretry`
+with the same settings (:class:`RetryConfig`); a step failed by ``fail_step`` (a device memory
+error) or by the optimizer update goes to recovery as before.
 
 **Level.** The level of a collective is the widest span of its group's ranks: ``L1`` when they
 sit on more than one node, ``L0`` when all are on one. The gradient group is every rank of the
@@ -37,9 +39,9 @@ takes over. While it waits the retrier polls the rank's recovery mailbox: a comm
 ``rejoin``) means the manager is handling a bigger fault (a dead peer), so it stops at once
 (:class:`OpRetryStopped`) and the step fails; a dead peer delays recovery by at most the waits.
 
-The default process group is not replaced: after an op retry it stays broken (the session's
-closing barrier runs on the hook's group), so a script must not run collectives of its own on
-it. Every re-execution is reported in the heartbeat (``op_retries``, ``op_retry_*``) and logged.
+The default process group is not rebuilt here: its collectives, when the step issues any, fail
+next and :mod:`unbroken.worker.stepretry` rebuilds it then. Every re-execution is reported in
+the heartbeat (``op_retries``, ``op_retry_*``) and logged.
 
 The settings part of this module (:func:`op_retry_from_environ`, :func:`collective_level`)
 imports no torch.
@@ -99,9 +101,31 @@ def _positive_int(environ: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
-def op_retry_from_environ(environ: Mapping[str, str]) -> OpRetrySettings | None:
-    """Op retry for this rank's gradient all-reduce, or None when its level is not enabled
-    (or ``HCCL_OP_RETRY_ENABLE`` is unset). Raises :class:`ValueError` naming the variable."""
+@dataclass(frozen=True)
+class RetryConfig:
+    """The job's op retry (``HCCL_OP_RETRY_*``) and where its nodes end, for groups of any
+    ranks: the level of a group, and so whether its collectives are retried, depends on which
+    nodes its ranks sit on (``rank // local_world_size``: one pod, one node)."""
+
+    config: OpRetry
+    local_world_size: int
+
+    def level_of(self, ranks: Sequence[int]) -> RetryLevel:
+        nodes = {rank // self.local_world_size for rank in ranks}
+        return RetryLevel.L1 if len(nodes) > 1 else RetryLevel.L0
+
+    def settings_for(self, ranks: Sequence[int]) -> OpRetrySettings | None:
+        """Op retry for a group of global ``ranks``, or None when its level is off."""
+        level = self.level_of(ranks)
+        if not self.config.applies_to(level):
+            return None
+        c = self.config
+        return OpRetrySettings(level, c.max_count, c.hold_s, c.interval_s)
+
+
+def retry_config_from_environ(environ: Mapping[str, str]) -> RetryConfig | None:
+    """The job's op retry, or None when ``HCCL_OP_RETRY_ENABLE`` is unset or enables no
+    level. Raises :class:`ValueError` naming the variable."""
     enable = environ.get(ENABLE)
     if enable is None:
         return None
@@ -118,16 +142,23 @@ def op_retry_from_environ(environ: Mapping[str, str]) -> OpRetrySettings | None:
         raise ValueError(
             f"environment variable {PARAMS}={params!r}: {e.message} (expected {e.allowed})"
         ) from None
-    world_size = _positive_int(environ, "WORLD_SIZE", 1)
-    level = collective_level(world_size, _positive_int(environ, "LOCAL_WORLD_SIZE", world_size))
-    if not config.applies_to(level):
+    if not config.enabled:
         return None
-    return OpRetrySettings(
-        level=level,
-        max_count=config.max_count,
-        hold_s=config.hold_s,
-        interval_s=config.interval_s,
-    )
+    world_size = _positive_int(environ, "WORLD_SIZE", 1)
+    local = _positive_int(environ, "LOCAL_WORLD_SIZE", world_size)
+    collective_level(world_size, local)  # the same check of the two
+    return RetryConfig(config, local)
+
+
+def op_retry_from_environ(environ: Mapping[str, str]) -> OpRetrySettings | None:
+    """Op retry for this rank's gradient all-reduce (every rank of the job), or None when its
+    level is not enabled (or ``HCCL_OP_RETRY_ENABLE`` is unset). Raises :class:`ValueError`
+    naming the variable."""
+    retry = retry_config_from_environ(environ)
+    if retry is None:
+        return None
+    world_size = _positive_int(environ, "WORLD_SIZE", 1)
+    return retry.settings_for(range(world_size))
 
 
 class OpRetryFailed(RuntimeError):

@@ -29,15 +29,15 @@ Then, at the boundary, the rank
 5. *redoes* the step: the session yields step ``k`` again; the step's random numbers are the
    same (:mod:`unbroken.worker.steprng`).
 
-While it waits in step 2, a ``stress`` command makes the rank run an online stress test (its
-device and its links, in a group of its own: :mod:`unbroken.worker.stress`) and go on waiting;
-a ``dump`` command makes the rank write *last words*: its committed
-state (the state the interrupted step started from) as a checkpoint of the whole job, alone
-(it has left every group) and atomically (:meth:`Checkpointer.save_last_words`), with every
-rank's data position at that step; the heartbeat stamps ``dumped_step``/``dumped_at``, or
-``dump_failed_at`` when it cannot (no checkpoint directory, a suspect or corrupt state, a
-failed write). The rank then goes on waiting: a stop (job- or pod-level rescheduling resumes
-from the last words, at most the interrupted step lost) or a rejoin follows.
+While it waits in step 2, a ``stress`` command makes the rank run an online stress test (its device
+and its links, in a group of its own: :mod:`unbroken.worker.stress`) and go on waiting; a ``dump``
+command makes the rank write *last words*: its committed state (the state the interrupted step
+started from) as a checkpoint of the whole job, alone (it has left every group) and atomically
+(:meth:`Checkpointer.save_last_words`), with every rank's data position at that step; the heartbeat
+stamps ``dumped_step``/``dumped_at``, or ``dump_failed_at`` when it cannot (no checkpoint
+directory, a suspect or corrupt state, a failed write). The rank then goes on waiting: a stop (job-
+or pod-level rescheduling resumes from the last words, at most the interrupted step lost) or a
+rejoin follows.
 
 A **replacement process** (``UNBROKEN_JOIN=1``) runs the user's script from the top: its
 ``init_process_group`` joins the new generation (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE of
@@ -51,18 +51,18 @@ step boundary: there is no one to send the command.
 
 Every collective of a step, the script's own included, fails the step rather than raising
 (:mod:`unbroken.worker.stepgroup`: the default group, and the groups built over it, are the
-session's from ``unbroken.worker.init`` and every regroup on). Limits: the script must not run
-other collectives between ``init_process_group`` and ``unbroken.worker.init``; DDP's
-constructor must run its default initial synchronisation (``init_sync=True``); buffers are
-broadcast from rank 0 before each forward as DDP does
-(``broadcast_buffers`` at its default) or not at all (``broadcast_buffers=False``), while
-``forward_sync_buffers=False`` is not supported; every rank must use the same parameters in a
-step (see :mod:`unbroken.worker.commhook`); state outside the model, the optimizer and the
-objects registered with the session (:mod:`unbroken.worker.trainstate`) is not repaired; a
-rank's random generators are
-reproduced on a replacement only with ``seed=`` given to ``unbroken.worker.init``. A peer that
-hangs (SIGSTOP) blocks the others' collective until the group's timeout or until it is killed;
-the manager kills a hung rank, which makes the others fail at once.
+session's from ``unbroken.worker.init`` and every regroup on; with op retry a peer's failure is
+repaired in the step: :mod:`unbroken.worker.stepretry`). Limits: the script must not run other
+collectives between ``init_process_group`` and ``unbroken.worker.init``; DDP's constructor must run
+its default initial synchronisation (``init_sync=True``); buffers are broadcast from rank 0 before
+each forward as DDP does (``broadcast_buffers`` at its default) or not at all
+(``broadcast_buffers=False``), while ``forward_sync_buffers=False`` is not supported; every rank
+must use the same parameters in a step (see :mod:`unbroken.worker.commhook`); state outside the
+model, the optimizer and the objects registered with the session
+(:mod:`unbroken.worker.trainstate`) is not repaired; a rank's random generators are reproduced on a
+replacement only with ``seed=`` given to ``unbroken.worker.init``. A peer that hangs (SIGSTOP)
+blocks the others' collective until the group's timeout or until it is killed; the manager kills a
+hung rank, which makes the others fail at once.
 
 HSDP (FSDP2 on a mesh of two or more replica groups) recovers the same way: its all-gather,
 reduce-scatter and replica all-reduce fail the step (:mod:`unbroken.worker.shardsync` in place
@@ -88,7 +88,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -115,12 +115,15 @@ from unbroken.worker.opretry import (
     OpRetrier,
     OpRetryDone,
     OpRetrySettings,
+    RetryConfig,
     op_retry_from_environ,
+    retry_config_from_environ,
 )
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.sharding import Layout, in_process_refusal
 from unbroken.worker.shardsync import ShardSync
-from unbroken.worker.stepgroup import adopt_default_group, release_all
+from unbroken.worker.stepgroup import adopt_default_group, release_all, use_repairer
+from unbroken.worker.stepretry import StepRetry
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stress import SimDevice, device_checksum, run_stress
 from unbroken.worker.torchapi import (
@@ -134,6 +137,7 @@ from unbroken.worker.torchapi import (
 from unbroken.worker.trainstate import TrainState
 
 logger = logging.getLogger(__name__)
+_R = TypeVar("_R")
 
 #: Set to ``1`` for a process started to take a lost rank's place.
 JOIN = "UNBROKEN_JOIN"
@@ -160,6 +164,7 @@ class RecoverySettings:
     ckpt_timeout_s: float = 600.0
     poll_interval_s: float = 0.005  # the mailbox poll while stopped: one stat() each
     op_retry: OpRetrySettings | None = None  # HCCL_OP_RETRY_*: None when off for this group
+    step_retry: RetryConfig | None = None  # HCCL_OP_RETRY_* for the step's other collectives
     device: SimDevice | None = None  # the simulated device the stress test's check runs on
 
     @classmethod
@@ -175,7 +180,7 @@ class RecoverySettings:
                 "repair command from its mailbox"
             )
         port_raw = environ.get("MASTER_PORT", "")
-        values.setdefault("device", _sim_device(environ))
+        values.setdefault("device", SimDevice.from_environ(environ))
         values.setdefault("decision_wait_s", decision_wait_from_environ(environ))
         return cls(
             mailbox=Path(mailbox) if mailbox else None,
@@ -183,6 +188,7 @@ class RecoverySettings:
             master_addr=environ.get("MASTER_ADDR", ""),
             master_port=int(port_raw) if port_raw.isdigit() else 0,
             op_retry=op_retry_from_environ(environ),
+            step_retry=retry_config_from_environ(environ),
             **values,
         )
 
@@ -223,23 +229,13 @@ class Recovery:
             self.sync = ShardSync.install(state.model, _default_group(), settings.comm_timeout_s)
         else:
             self.sync = GradSync.install(ddp, _default_group())
+        self._op_retries = 0
         if settings.op_retry is not None and isinstance(self.sync, GradSync):
-            retrier = OpRetrier(
-                settings.op_retry,
-                timeout_s=settings.comm_timeout_s,
-                generation=lambda: self.generation,
-                interrupted=self._command_arrived,
-                regroup=self._regroup_checkpoints,
-                report=self._op_retried,
-                poll_interval_s=settings.poll_interval_s,
-            )
-            self.sync.use_op_retry(retrier, generation)
-        elif settings.op_retry is not None:
-            logger.warning(
-                "op retry (HCCL_OP_RETRY_*) re-executes DDP's gradient all-reduce only: a failed "
-                "FSDP all-gather or reduce-scatter fails the step, which the recovery ladder "
-                "takes (retry repairs the rank from its replica group in process)"
-            )
+            self.sync.use_op_retry(self._retrier(OpRetrier, settings.op_retry), generation)
+        self._step_retry: StepRetry | None = None  # the step's other collectives, every group
+        if settings.step_retry is not None:
+            self._step_retry = self._retrier(StepRetry, settings.step_retry, step=self._at)
+        use_repairer(self._step_retry)
         self._reader = (
             MailboxReader(settings.mailbox, skip_existing=not settings.join)
             if settings.mailbox is not None
@@ -363,6 +359,8 @@ class Recovery:
 
     def end_step(self) -> None:
         """The step's body is over (the boundary)."""
+        if self._step_retry is not None:
+            self._step_retry.end_step()  # a peer's repair may need this rank's collectives
         self._in_step = False
 
     def poll(self) -> bool:
@@ -408,10 +406,25 @@ class Recovery:
             del old
         self.checkpointer.use_group(*checkpoint_group(self.settings.ckpt_timeout_s))
 
+    def _retrier(self, cls: Callable[..., _R], config: object, **more: Any) -> _R:
+        return cls(
+            config,
+            timeout_s=self.settings.comm_timeout_s,
+            generation=lambda: self.generation,
+            interrupted=self._command_arrived,
+            regroup=self._regroup_checkpoints,
+            report=self._op_retried,
+            poll_interval_s=self.settings.poll_interval_s,
+            **more,
+        )
+
+    def _at(self) -> int:
+        return self._step
+
     def _op_retried(self, done: OpRetryDone) -> None:
-        assert self.sync.op_retry is not None
+        self._op_retries += 1
         self._heartbeat(
-            op_retries=self.sync.op_retry.done,
+            op_retries=self._op_retries,
             op_retry_at=done.at,
             op_retry_last=pack_op_retry(done.step, done.attempt, int(done.level.value[1:])),
         )
@@ -738,17 +751,6 @@ class Recovery:
     def _heartbeat(self, **values: Any) -> None:
         if self.heartbeat is not None:
             self.heartbeat.update(**values)
-
-
-def _sim_device(environ: Mapping[str, str]) -> SimDevice | None:
-    """This rank's simulated device, from its agent's ``UNBROKEN_RUN_DIR``/``UNBROKEN_NODE``/
-    ``UNBROKEN_DEVICES`` and ``LOCAL_RANK`` (None outside an embedded run)."""
-    run_dir, node = environ.get("UNBROKEN_RUN_DIR"), environ.get("UNBROKEN_NODE")
-    devices = [d for d in environ.get("UNBROKEN_DEVICES", "").split(",") if d.isdigit()]
-    local = environ.get("LOCAL_RANK", "0")
-    if not run_dir or not node or not local.isdigit() or int(local) >= len(devices):
-        return None
-    return SimDevice(Path(run_dir) / "devices", node, int(devices[int(local)]))
 
 
 def checkpoint_group(timeout_s: float) -> tuple[dist.ProcessGroup, Callable[[], int]]:

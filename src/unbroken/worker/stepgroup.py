@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from unbroken.worker import torchapi
+from unbroken.worker.linkfault import OpenedLinks
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
@@ -101,12 +102,26 @@ class StepFaults(Protocol):
     def collective_failed(self, error: Exception) -> None: ...
 
 
+class Repairer(Protocol):
+    """Op retry of a step's collectives (:mod:`unbroken.worker.stepretry`): repairs every
+    :class:`StepGroup` after a peer failure on ``group``; whether the step can go on."""
+
+    def repair(self, error: Exception, group: StepGroup, what: str) -> bool: ...
+
+
 class _Faults:
     """The fault sink of every :class:`StepGroup` of this process (set by the session)."""
 
     def __init__(self) -> None:
         self.sink: StepFaults | None = None
+        #: Op retry (None: off): a peer's failure is repaired before it fails the step.
+        self.repairer: Repairer | None = None
         self._reporting = threading.local()
+
+    def repaired(self, error: Exception, group: StepGroup, what: str) -> bool:
+        """Whether op retry repaired the groups after ``error`` (a peer's failure in a step,
+        in the collective ``what``)."""
+        return self.repairer is not None and self.repairer.repair(error, group, what)
 
     def active(self) -> bool:
         """Whether collectives are the step's now (a failure is reported, not raised)."""
@@ -137,6 +152,67 @@ _groups: weakref.WeakSet[StepGroup] = weakref.WeakSet()
 def _zero(tensors: Iterable[torch.Tensor]) -> None:
     for tensor in tensors:
         tensor.zero_()
+
+
+def _map_tensors(value: Any, swap: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return swap(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, swap) for v in value)
+    return value
+
+
+def _keep(kept: list[torch.Tensor], tensor: torch.Tensor) -> torch.Tensor:
+    kept.append(tensor)
+    return tensor
+
+
+class Op:
+    """One collective of a step, as op retry keeps it: enough to issue it again, the same on
+    every rank (:mod:`unbroken.worker.stepretry`). ``saved``: a copy of each tensor it reads
+    (in-place ones included), taken before it was issued; ``ok``: it completed here."""
+
+    __slots__ = ("args", "name", "ok", "outputs", "saved", "seq", "work")
+
+    def __init__(
+        self, seq: int, name: str, args: tuple[Any, ...], outputs: list[torch.Tensor]
+    ) -> None:
+        self.seq = seq
+        self.name = name
+        self.args = args
+        self.outputs = outputs
+        written = {id(t) for t in outputs}
+        inputs: list[torch.Tensor] = []
+        _map_tensors(args, lambda t: _keep(inputs, t))
+        inputs = [t for t in inputs if id(t) not in written]
+        self.saved = [(t, t.detach().clone()) for t in inputs]
+        self.work: dist.Work | None = None
+        self.ok = False
+
+    def issue(self, group: dist.ProcessGroup, *, scratch: bool) -> dist.Work:
+        """Issue the collective again on ``group`` from its saved inputs. ``scratch``: into
+        tensors of its own (it completed here already, and the script may hold its outputs
+        by now), so that peers that did not complete it get their results."""
+        if not scratch:
+            for tensor, saved in self.saved:
+                tensor.copy_(saved)
+            return getattr(group, self.name)(*self.args)  # type: ignore[no-any-return]
+        copies = {id(t): saved.clone() for t, saved in self.saved}
+        copies.update({id(t): torch.empty_like(t) for t in self.outputs})
+        args = _map_tensors(self.args, lambda t: copies.get(id(t), t))
+        return getattr(group, self.name)(*args)  # type: ignore[no-any-return]
+
+    def settle(self) -> Exception | None:
+        """Wait for the issued work; None if it completed (``ok``), else its error."""
+        work, self.work = self.work, None
+        if work is None:
+            return None if self.ok else RuntimeError("no process group: its links were cut")
+        try:
+            work.wait()
+        except Exception as e:
+            return e.with_traceback(None)
+        self.ok = True
+        return None
 
 
 class _DoneWork(dist.Work):
@@ -174,13 +250,20 @@ class _StepWork(dist.Work):
     """The real group's work; a peer's failure is reported to the step, not raised."""
 
     def __init__(
-        self, work: dist.Work, outputs: list[torch.Tensor], results: list[torch.Tensor]
+        self,
+        work: dist.Work,
+        outputs: list[torch.Tensor],
+        results: list[torch.Tensor],
+        op: Op | None = None,
+        group: StepGroup | None = None,
     ) -> None:
         super().__init__()
         self._work = work
         self._outputs = outputs
         self._results = results
         self._failed = False
+        self._op = op  # op retry: the work is the op's (a repair issues it again)
+        self._group = group
 
     def _swallow(self, error: Exception) -> None:
         if not is_peer_failure(error) or not _faults.active():
@@ -191,6 +274,17 @@ class _StepWork(dist.Work):
             _faults.report(error.with_traceback(None))
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        op = self._op
+        if op is not None:  # op retry: a repair waits for, or issues again, every op
+            if not op.ok and not self._failed:
+                error = op.settle()
+                if error is not None:
+                    if not is_peer_failure(error) or not _faults.active():
+                        raise error
+                    assert self._group is not None
+                    if not _faults.repaired(error, self._group, op.name):
+                        self._swallow(error)
+            return True
         try:
             if timeout is None:
                 self._work.wait()
@@ -201,9 +295,13 @@ class _StepWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
+        if self._op is not None and (self._op.ok or self._op.work is None):
+            return True
         return self._failed or bool(self._work.is_completed())
 
     def is_success(self) -> bool:
+        if self._op is not None and self._op.ok:
+            return True
         return not self._failed and bool(self._work.is_success())
 
     def exception(self) -> Any:
@@ -213,6 +311,9 @@ class _StepWork(dist.Work):
         return self._results
 
     def synchronize(self) -> None:
+        if self._op is not None:
+            self.wait()
+            return
         try:
             self._work.synchronize()
         except Exception as e:
@@ -220,6 +321,11 @@ class _StepWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         results = self._results
+        if self._op is not None:  # op retry: a repair runs on the caller's thread, not gloo's
+            self.wait()
+            done: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+            done.set_result(results)
+            return done
 
         def settle(done: torch.futures.Future[Any]) -> list[torch.Tensor]:
             try:
@@ -266,12 +372,20 @@ def _collective(
 class StepGroup(dist.ProcessGroup):
     """A process group whose collectives fail the step, not the rank (see the module doc)."""
 
-    def __init__(self, inner: dist.ProcessGroup, rank: int, size: int) -> None:
+    def __init__(
+        self, inner: dist.ProcessGroup, rank: int, size: int, links: OpenedLinks | None = None
+    ) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # Python groups: no store
         self._inner: dist.ProcessGroup | None = inner
+        self._links = links  # the real group's connections (op retry cuts them)
         self._rank = rank
         self._size = size
         self._name: GroupName = ""  # type: ignore[assignment]  # named when registered
+        #: Op retry: the collectives issued on this group since it was made (the same count
+        #: on every member), and those of the current step.
+        self.seq = 0
+        self.log: list[Op] = []
+        self.left = False  # released for good (the rank left it)
         _groups.add(self)
 
     # -- identity ----------------------------------------------------------------------------
@@ -297,6 +411,27 @@ class StepGroup(dist.ProcessGroup):
         """Let go of the real group: its links close (gloo closes them when the last reference
         goes), so peers blocked with this rank fail at once; collectives fail from now on."""
         self._inner = None
+        self.left = True
+        self.log.clear()
+
+    def cut(self) -> None:
+        """Shut the real group's links down (every collective waiting on them fails at once,
+        here and at the peers) and let go of it."""
+        if self._links is not None:
+            self._links.cut()
+        self._inner, self._links = None, None
+
+    def rebuild(self, store: torchapi.Store, timeout: timedelta) -> None:
+        """A new real group of the same ranks over ``store`` (collective over its members)."""
+        self._inner, self._links = _plain(store, self._rank, self._size, timeout)
+
+    def global_ranks(self) -> list[int]:
+        """The job's ranks of this group's members, in group-rank order."""
+        return list(dist.get_process_group_ranks(self))
+
+    @property
+    def inner(self) -> dist.ProcessGroup | None:
+        return self._inner
 
     def abort(self) -> None:
         self.release()
@@ -313,9 +448,12 @@ class StepGroup(dist.ProcessGroup):
         outputs: list[torch.Tensor],
         results: list[torch.Tensor],
     ) -> dist.Work:
+        self.seq += 1
         if _faults.failed():
             _zero(outputs)
             return _DoneWork(results)
+        if _faults.repairer is not None and _faults.active():
+            return self._run_kept(Op(self.seq, name, args, outputs), results)
         try:
             if self._inner is None:
                 raise RuntimeError("no process group: this rank left it")
@@ -329,6 +467,23 @@ class StepGroup(dist.ProcessGroup):
         if not _faults.active():
             return work
         return _StepWork(work, outputs, results)
+
+    def _run_kept(self, op: Op, results: list[torch.Tensor]) -> dist.Work:
+        """Op retry: issue ``op`` and keep it for the step, to be issued again by a repair."""
+        self.log.append(op)
+        try:
+            if self._inner is None:
+                raise RuntimeError("no process group: this rank left it")
+            op.work = getattr(self._inner, op.name)(*op.args)
+        except Exception as e:
+            if not is_peer_failure(e):
+                self.log.pop()
+                raise
+            if not _faults.repaired(e.with_traceback(None), self, op.name):
+                _zero(op.outputs)
+                _faults.report(e.with_traceback(None))
+                return _DoneWork(results)
+        return _StepWork(_DoneWork(results), op.outputs, results, op, self)
 
     # Every collective of ``ProcessGroup``, by the positions of its outputs: (name, where its
     # output tensors are, where the tensors its future completes with are). ``None``: none.
@@ -358,8 +513,17 @@ class StepGroup(dist.ProcessGroup):
     recv = _collective("recv", 0, 0)
 
 
+def _plain(
+    store: torchapi.Store, rank: int, size: int, timeout: timedelta
+) -> tuple[dist.ProcessGroup, OpenedLinks]:
+    with OpenedLinks() as links:  # gloo connects its full mesh as the group is made
+        group = torchapi.plain_group(store, rank, size, timeout, _inner_backends)
+    return group, links
+
+
 def _create(store: torchapi.Store, rank: int, size: int, timeout: timedelta) -> StepGroup:
-    return StepGroup(torchapi.plain_group(store, rank, size, timeout, _inner_backends), rank, size)
+    inner, links = _plain(store, rank, size, timeout)
+    return StepGroup(inner, rank, size, links)
 
 
 #: device type -> backend of the real groups (what the script's default group used).
@@ -392,12 +556,22 @@ def adopt_default_group(sink: StepFaults, timeout: timedelta) -> dist.ProcessGro
     return group
 
 
+def use_repairer(repairer: Repairer | None) -> None:
+    """Op retry for the step's collectives from now on (None: off)."""
+    _faults.repairer = repairer
+
+
+def live_groups() -> list[StepGroup]:
+    """Every :class:`StepGroup` of this process that its rank has not left."""
+    return [group for group in list(_groups) if not group.left]
+
+
 def release_all() -> int:
     """Let go of every :class:`StepGroup`'s real group (see :meth:`StepGroup.release`):
     how a rank leaving its groups makes peers blocked with it fail at once."""
     released = 0
     for group in list(_groups):
-        if group._inner is not None:
+        if not group.left:
             group.release()
             released += 1
     return released

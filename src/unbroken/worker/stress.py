@@ -27,6 +27,7 @@ import hashlib
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -64,6 +65,18 @@ class SimDevice:
     state_dir: Path
     node: str
     device: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SimDevice | None:
+        """This rank's simulated device, from its agent's ``UNBROKEN_RUN_DIR``/
+        ``UNBROKEN_NODE``/``UNBROKEN_DEVICES`` and ``LOCAL_RANK`` (None outside an embedded
+        run)."""
+        run_dir, node = environ.get("UNBROKEN_RUN_DIR"), environ.get("UNBROKEN_NODE")
+        devices = [d for d in environ.get("UNBROKEN_DEVICES", "").split(",") if d.isdigit()]
+        local = environ.get("LOCAL_RANK", "0")
+        if not run_dir or not node or not local.isdigit() or int(local) >= len(devices):
+            return None
+        return cls(Path(run_dir) / "devices", node, int(devices[int(local)]))
 
     def silently_faulty(self) -> bool:
         from unbroken.devices.sim import silent_fault  # the sim's state file: stdlib only

@@ -13,7 +13,12 @@ import pytest
 from unbroken.spec.knobs import RetryLevel
 from unbroken.worker.heartbeat import pack_op_retry, unpack_op_retry
 from unbroken.worker.linkfault import _address
-from unbroken.worker.opretry import OpRetrySettings, collective_level, op_retry_from_environ
+from unbroken.worker.opretry import (
+    OpRetrySettings,
+    collective_level,
+    op_retry_from_environ,
+    retry_config_from_environ,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +40,39 @@ def test_enabled_for_the_groups_level_with_the_given_parameters() -> None:
         "HCCL_OP_RETRY_PARAMS": "MaxCnt:3, HoldTime:200, IntervalTime:50",
     }
     assert op_retry_from_environ(env) == OpRetrySettings(RetryLevel.L1, 3, 0.2, 0.05)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "level"),
+    [
+        ([0, 1], RetryLevel.L0),  # a mesh's shard dimension: one pod, one node
+        ([2, 3], RetryLevel.L0),
+        ([0, 2], RetryLevel.L1),  # its replica dimension: across pods
+        ([1, 3], RetryLevel.L1),
+        ([0, 1, 2, 3], RetryLevel.L1),  # the default group
+        ([3], RetryLevel.L0),
+    ],
+)
+def test_each_groups_level_comes_from_the_nodes_of_its_ranks(
+    ranks: list[int], level: RetryLevel
+) -> None:
+    retry = retry_config_from_environ({**TWO_PODS, "HCCL_OP_RETRY_ENABLE": "L0:0, L1:1"})
+    assert retry is not None
+    assert retry.level_of(ranks) is level
+    settings = retry.settings_for(ranks)
+    if level is RetryLevel.L1:
+        assert settings == OpRetrySettings(RetryLevel.L1, 1, 5.0, 1.0)
+    else:
+        assert settings is None  # L0 is off: its collectives fail the step
+
+
+def test_a_job_enabling_no_level_has_no_op_retry() -> None:
+    assert retry_config_from_environ({**TWO_PODS, "HCCL_OP_RETRY_ENABLE": "L0:0, L1:0"}) is None
+    assert retry_config_from_environ(TWO_PODS) is None
+    with pytest.raises(ValueError, match="HCCL_OP_RETRY_PARAMS"):
+        retry_config_from_environ(
+            {**TWO_PODS, "HCCL_OP_RETRY_ENABLE": "L1:1", "HCCL_OP_RETRY_PARAMS": "MaxCnt:99"}
+        )
 
 
 def test_defaults_apply_to_parameters_not_given() -> None:
