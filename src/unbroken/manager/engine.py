@@ -168,6 +168,7 @@ class Engine:
         #: The control plane's address, once its server listens.
         self.control_address = ""
         self.store: Any = None
+        self._next_store: Any = None  # opened ahead of the next generation (prepare_store)
         self.master_port = 0
         #: Pods waiting for room to be placed, and why (for the status).
         self.unplaced: tuple[str, ...] | None = None
@@ -196,8 +197,9 @@ class Engine:
         ranks the addresses of dead ones (pytorch/pytorch#135712). Every generation gets its
         own store instead; only the first uses the job's ``--master_port`` when it gives one.
         """
+        store, self._next_store = (self._next_store, None) if not port else (None, None)
         try:
-            store = self.host_store(port)
+            store = store or self.host_store(port)
         except Exception as exc:
             raise ManagerError(
                 f"cannot open the rendezvous store on {self.listen[0]}:{port}"
@@ -206,6 +208,17 @@ class Engine:
         let_store_go(self.store)
         self.store = store
         self.master_port = int(store.port)
+
+    def prepare_store(self) -> None:
+        """Open the next generation's store now (a rung paused the ranks and waits for them to
+        stop): :meth:`open_store` takes it then, instead of opening one while they wait. A
+        failure here is left to :meth:`open_store` to report."""
+        if self._next_store is not None:
+            return
+        try:
+            self._next_store = self.host_store(0)
+        except Exception as exc:
+            log.debug("the next generation's store did not open ahead: %s", exc)
 
     def host_store(self, port: int) -> Any:
         """A store on 127.0.0.1 alone (it has no authentication; see unbroken.rpc.store),
@@ -221,7 +234,8 @@ class Engine:
     def close_stores(self) -> None:
         """The store's keeper ends (before the image it was forked from)."""
         let_store_go(self.store, wait_s=5.0)
-        self.store = None
+        let_store_go(self._next_store, wait_s=5.0)
+        self.store = self._next_store = None
 
     @property
     def store_host(self) -> str:

@@ -179,6 +179,7 @@ class InProcess:
             if pod in pods:
                 self.ctx.commands.send(pod, pods[pod].pid, EndRanks(tuple(ranks)))
         self.engine.pause_all(skip_pods)
+        self.engine.prepare_store()  # while the ranks stop
         self.pending_rejoin = PendingRejoin(
             replace=dict(replace),
             lost=frozenset(lost),

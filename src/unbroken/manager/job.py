@@ -116,6 +116,8 @@ log = logging.getLogger(__name__)
 #: The manager's clock period: timeouts, settling and the policy's deadlines are checked this
 #: often (and no more often, however many messages arrive).
 TICK_S = 0.05
+#: A heartbeat that changes a rank's phase ticks this soon after the last tick.
+PHASE_TICK_S = 0.005
 #: How long a lost node is held while other agents are silent, so that the nodes of a rack
 #: that went at once are one incident (:meth:`Detector.settle`): in a small job they are found
 #: lost one heartbeat interval apart (0.1 s); in a large one their order streams break
@@ -231,6 +233,7 @@ class JobManager:
         self.started_at = self.clock()
         self.fired_chaos: set[int] = set()
         self.milestones = Milestones(job.world_size, self.opt.progress_every)
+        self._phase_changed = False  # a heartbeat changed a rank's phase since the last tick
         # A plain torchrun script: no session, no step.
         self.sessionless = Sessionless(ctx, self.gens, self.milestones, self.incidents)
         self.outcome: RunOutcome | None = None
@@ -298,7 +301,7 @@ class JobManager:
             while self.outcome is None:
                 urgent = False
                 try:
-                    msg = self.inbox.get(timeout=TICK_S)
+                    msg = self.inbox.get(timeout=PHASE_TICK_S if self._phase_changed else TICK_S)
                     self._handle_one(msg)
                     urgent = msg.method not in _ROUTINE
                     while self.outcome is None:
@@ -310,10 +313,15 @@ class JobManager:
                 # Heartbeats tick at most once per TICK_S: a tick scans every pod and rank, and
                 # ticking after every heartbeat made the scans grow with N x the rate, N^2. Any
                 # other message (a report, a command) is acted on at once, so a rank's exit is
-                # decided before its peers' exits that follow it are read as faults of their own.
+                # decided before its peers' exits that follow it are read as faults of their own;
+                # so is, PHASE_TICK_S after the last tick, a heartbeat that changes a rank's phase
+                # (a rung waits for ranks to stop, to be ready): in steady state phases stay.
                 now = self.clock()
+                if self._phase_changed and now >= next_tick - TICK_S + PHASE_TICK_S:
+                    urgent = True
                 if self.outcome is None and (urgent or now >= next_tick):
                     next_tick = now + TICK_S
+                    self._phase_changed = False
                     self._tick(now)
         except KeyboardInterrupt as exc:  # SIGINT, SIGTERM: the run stops, and says so below
             stop = exc
@@ -488,8 +496,10 @@ class JobManager:
         for row in beat.ranks:
             view = gens.ranks.get(row.rank)
             if view is not None and view.pid == row.pid:
-                seen = view.op_retries
+                seen, phase = view.op_retries, view.phase
                 view.update(row)
+                if view.phase != phase:
+                    self._phase_changed = True  # a rung may wait for it: tick now
                 self.milestones.touch(row.rank)
                 if view.op_retries > seen and view.op_retry_at > gens.began_at(gens.current):
                     # a collective re-executed in the rank: no fault for the policy
