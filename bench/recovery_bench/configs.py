@@ -93,6 +93,14 @@ CONFIGS: tuple[Config, ...] = (
         script_args=("--parallel=hsdp",),
         baseline="unbroken-hsdp",
     ),
+    Config(
+        "unbroken-ddp-recover-in-place",
+        "Unbroken recover-in-place, DDP (the HSDP job's model)",
+        "unbroken",
+        "recover-in-place.yaml",
+        script_args=("--parallel=ddp",),
+        baseline="unbroken-ddp",
+    ),
     Config("torchrun", "torchrun (defaults)", "torchrun"),
     Config(
         "torchrun-nss",
@@ -111,6 +119,13 @@ BASELINES: tuple[Config, ...] = (
         "elastic.yaml",
         cluster="cluster-no-spare.yaml",
         script_args=(f"--virtual-ranks={WORLD}",),
+    ),
+    Config(
+        "unbroken-ddp",
+        "Unbroken (job-level.yaml, DDP of the HSDP job's model, no fault)",
+        "unbroken",
+        "job-level.yaml",
+        script_args=("--parallel=ddp",),
     ),
     Config(
         "unbroken-hsdp",
