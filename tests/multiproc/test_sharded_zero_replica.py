@@ -12,7 +12,13 @@ import pytest
 from tests.support.worker_ranks import REPO, Cluster
 
 from unbroken.worker.sharding import Layout, Sharding, in_process_refusal
-from unbroken.worker.zero import ZeroReplicaError, mismatches, plan_transfers
+from unbroken.worker.zero import (
+    ZeroReplicaError,
+    holders_of,
+    mismatches,
+    plan_transfers,
+    replica_stride,
+)
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(600)]
 
@@ -73,6 +79,25 @@ def test_a_partition_without_a_holder_left_is_refused(
 ) -> None:
     with pytest.raises(ZeroReplicaError, match=message):
         plan_transfers(lost, size)
+
+
+def test_across_nodes_the_replica_is_a_node_away_so_a_lost_node_loses_no_partition() -> None:
+    # 2 nodes x 2 ranks: partition p is held by p and p + 2, on the other node.
+    assert replica_stride(4, 2) == 2 and replica_stride(4, 4) == 1 and replica_stride(2, 2) == 1
+    assert [holders_of(p, 4, 2) for p in range(4)] == [(0, 2), (1, 3), (2, 0), (3, 1)]
+    assert plan_transfers([2, 3], 4, 2) == [
+        (0, 2, "own"),
+        (0, 2, "replica"),
+        (1, 3, "own"),
+        (1, 3, "replica"),
+    ]
+    with pytest.raises(ZeroReplicaError, match=r"partition 1 is lost with both its holders"):
+        plan_transfers([1, 3], 4, 2)
+    with pytest.raises(ZeroReplicaError, match=r"partition 2 is lost with both its holders"):
+        plan_transfers([2, 3], 4, 1)  # the neighbour on the same node holds the replica
+    a, b, c, d = (x * 32 for x in (b"a", b"b", b"c", b"d"))
+    assert mismatches([(a, c), (b, d), (c, a), (d, b)], 2) == []
+    assert mismatches([(a, c), (b, d), (c, a), (d, a)], 2) == [3]
 
 
 def test_a_replica_that_differs_from_its_partner_is_named() -> None:

@@ -64,7 +64,7 @@ from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
 from unbroken.worker.torchapi import PrefixStore, TCPStore, default_store
 from unbroken.worker.trainstate import TrainState
-from unbroken.worker.zero import fill_replicas
+from unbroken.worker.zero import fill_replicas, replica_stride
 
 logger = logging.getLogger(__name__)
 
@@ -584,6 +584,16 @@ def _store_ports() -> list[int]:
     return ports
 
 
+def _replica_stride() -> int:
+    """Where a ZeRO partition's replica lives (:func:`unbroken.worker.zero.replica_stride`):
+    ``LOCAL_WORLD_SIZE`` ranks on, on another node, when the job spans nodes."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    local = os.environ.get("LOCAL_WORLD_SIZE", world)
+    if not world.isdigit() or not local.isdigit():
+        return 1
+    return replica_stride(int(world), int(local))
+
+
 def init(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -651,6 +661,7 @@ def init(
         state,
         Batches(data) if data is not None else None,
         replica_optimizer=replica_optimizer,
+        replica_stride=_replica_stride(),
     )
     if command_timeout_s is None:
         raw = os.environ.get(COMMAND_TIMEOUT, "")

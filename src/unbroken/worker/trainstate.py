@@ -60,6 +60,7 @@ class TrainState:
         data: Batches | None = None,
         *,
         replica_optimizer: bool = False,
+        replica_stride: int = 1,
     ) -> None:
         self.model = model
         self.module = _module(model)
@@ -80,7 +81,7 @@ class TrainState:
                     "needs a group of every rank"
                 )
             if world > 1:
-                self.zero_replica = ReplicaOptimizer(optimizer).install()
+                self.zero_replica = ReplicaOptimizer(optimizer, replica_stride).install()
         self.sharding: Sharding = sharding_of(
             model, optimizer, world, partner_replicas=self.zero_replica is not None
         )

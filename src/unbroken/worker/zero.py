@@ -3,8 +3,10 @@
 ``torch.distributed.optim.ZeroRedundancyOptimizer`` over DDP partitions the optimizer state
 over the ``n`` ranks of its group, each partition held once: a lost rank takes its partition
 with it. :class:`ReplicaOptimizer` keeps on rank ``r`` the state of partition
-``(r - 1) mod n`` (its *partner*'s) as well, so every partition is held twice (owner ``p``
-and replica holder ``(p + 1) mod n``).
+``(r - s) mod n`` (its *partner*'s) as well, so every partition is held twice (owner ``p``
+and replica holder ``(p + s) mod n``). The stride ``s`` is the ranks per node when the job
+spans nodes (:func:`replica_stride`: ranks ``r`` and ``r + s`` are on different nodes, so a
+lost node leaves a holder of each of its partitions), else 1.
 
 No collective is needed for it. After DDP's all-reduce every rank holds the full averaged
 gradients, and before ZeRO's update every rank holds the same parameters, so a second
@@ -20,7 +22,7 @@ MindSpeed's replica optimizer costs ``4 + 32/d`` bytes per parameter against ``4
 for its distributed optimizer (``16/d`` more: its fp32 master weights and moments, twice).
 
 Repair (:func:`repair_partitions`): a rank that lost its state takes its own partition's state
-from the replica on rank ``r + 1`` and its replica of partition ``r - 1`` from rank ``r - 1``'s
+from the replica on rank ``r + s`` and its replica of partition ``r - s`` from rank ``r - s``'s
 own optimizer, point to point, described in JSON and tensors (nothing is pickled). A partition
 whose owner and replica holder are both lost has no copy left: :class:`ZeroReplicaError`.
 """
@@ -47,22 +49,31 @@ class ZeroReplicaError(RuntimeError):
     """A ZeRO partition could not be restored from its replica, or a replica differs."""
 
 
-def partner_of(rank: int, size: int) -> int:
+def replica_stride(size: int, local_world_size: int) -> int:
+    """How far a rank's replica holder is: the ranks per node when the group spans nodes
+    (each pod one node, its ranks consecutive), so that no node holds both copies of a
+    partition; 1 on one node."""
+    if 1 <= local_world_size < size:
+        return local_world_size
+    return 1
+
+
+def partner_of(rank: int, size: int, stride: int = 1) -> int:
     """The rank whose partition ``rank`` keeps a replica of."""
-    return (rank - 1) % size
+    return (rank - stride) % size
 
 
-def holders_of(partition: int, size: int) -> tuple[int, int]:
+def holders_of(partition: int, size: int, stride: int = 1) -> tuple[int, int]:
     """The ranks that hold ``partition``: its owner and its replica holder."""
-    return partition, (partition + 1) % size
+    return partition, (partition + stride) % size
 
 
 class ReplicaOptimizer:
-    """Rank ``r``'s replica of partition ``(r - 1) mod n`` of ``zero`` (see the module doc).
+    """Rank ``r``'s replica of partition ``(r - stride) mod n`` of ``zero`` (see the module doc).
     Installing it wraps ``zero.step``: the parameter copies take the partner's parameters
     before ZeRO's update, and the replica steps after it on the same gradients."""
 
-    def __init__(self, zero: torch.optim.Optimizer) -> None:
+    def __init__(self, zero: torch.optim.Optimizer, stride: int = 1) -> None:
         if not is_zero(zero):
             raise TypeError(f"a replica optimizer needs a ZeroRedundancyOptimizer, not {zero!r}")
         if zero._overlap_with_ddp or zero.parameters_as_bucket_view:
@@ -73,7 +84,8 @@ class ReplicaOptimizer:
         self.zero = zero
         internals: Any = zero  # its partition and optimizer constructor (not in its stubs)
         self.size: int = zero.world_size
-        self.partner = partner_of(zero.rank, self.size)
+        self.stride = stride
+        self.partner = partner_of(zero.rank, self.size, stride)
         partition: list[dict[str, Any]] = internals._partition_parameters()[self.partner]
         self._sources: list[torch.Tensor] = []
         self._copies: list[torch.Tensor] = []
@@ -163,26 +175,25 @@ def _gather_digests(replica: ReplicaOptimizer, group: Any) -> list[tuple[bytes, 
     return [(bytes(t[:32].tolist()), bytes(t[32:].tolist())) for t in out]
 
 
-def mismatches(digests: list[tuple[bytes, bytes]]) -> list[int]:
+def mismatches(digests: list[tuple[bytes, bytes]], stride: int = 1) -> list[int]:
     """The ranks whose replica's digest differs from its partner's own partition's;
     ``digests[r]`` is rank ``r``'s (own partition, replica) pair."""
     size = len(digests)
-    return [r for r in range(size) if digests[r][1] != digests[partner_of(r, size)][0]]
+    return [r for r in range(size) if digests[r][1] != digests[partner_of(r, size, stride)][0]]
 
 
 def verify(replica: ReplicaOptimizer, group: Any = None) -> None:
     """Check on every rank of ``group`` (collective) that each replica is bitwise its
     partner's partition; :class:`ZeroReplicaError` names the ranks that differ."""
-    differ = mismatches(_gather_digests(replica, group))
+    differ = mismatches(_gather_digests(replica, group), replica.stride)
     if differ:
+        names = [f"{partner_of(r, replica.size, replica.stride)} on rank {r}" for r in differ]
         raise ZeroReplicaError(
-            "the replica of partition "
-            + ", ".join(f"{partner_of(r, replica.size)} on rank {r}" for r in differ)
-            + " differs from the partition's own state"
+            f"the replica of partition {', '.join(names)} differs from the partition's own state"
         )
 
 
-def plan_transfers(lost: Iterable[int], size: int) -> list[tuple[int, int, str]]:
+def plan_transfers(lost: Iterable[int], size: int, stride: int = 1) -> list[tuple[int, int, str]]:
     """The transfers that restore the ranks in ``lost``: ``(sender, receiver, what)``, what
     being ``"own"`` (the receiver's own partition, from the replica on the next rank) or
     ``"replica"`` (the receiver's replica, from the partner's own partition), in an order every
@@ -195,7 +206,7 @@ def plan_transfers(lost: Iterable[int], size: int) -> list[tuple[int, int, str]]
         raise ZeroReplicaError(f"rank(s) {bad} are not in a ZeRO group of {size}")
     transfers = []
     for rank in sorted(gone):
-        after, before = (rank + 1) % size, partner_of(rank, size)
+        after, before = (rank + stride) % size, partner_of(rank, size, stride)
         if after in gone:
             raise ZeroReplicaError(
                 f"partition {rank} is lost with both its holders (ranks {rank} and {after})"
@@ -215,7 +226,7 @@ def repair_partitions(replica: ReplicaOptimizer, lost: Iterable[int], group: Any
     how many transfers this rank took part in."""
     me = replica.zero.rank
     done = 0
-    for sender, receiver, what in plan_transfers(lost, replica.size):
+    for sender, receiver, what in plan_transfers(lost, replica.size, replica.stride):
         if me == sender:
             source = replica.optim if what == "own" else replica.zero.optim
             _send(source, _global(group, receiver), group)
@@ -231,10 +242,10 @@ def repair_partitions(replica: ReplicaOptimizer, lost: Iterable[int], group: Any
 def fill_replicas(replica: ReplicaOptimizer, group: Any = None) -> None:
     """Give every rank's replica its partner's partition state (collective), as after a
     checkpoint restored the partitions (a checkpoint holds each partition once), then
-    :func:`verify`. Rank ``p`` sends to ``p + 1`` in turn, one transfer at a time."""
+    :func:`verify`. Rank ``p`` sends to ``p + stride`` in turn, one transfer at a time."""
     me = replica.zero.rank
     for sender in range(replica.size):
-        receiver = (sender + 1) % replica.size
+        receiver = (sender + replica.stride) % replica.size
         if me == sender:
             _send(replica.zero.optim, _global(group, receiver), group)
         elif me == receiver:
