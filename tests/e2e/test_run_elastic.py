@@ -10,7 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.support.cli_runs import FIXTURES, digest, events, of_kind, run_job, status
+from tests.support.cli_runs import (
+    FIXTURES,
+    REPO,
+    digest,
+    events,
+    of_kind,
+    run_job,
+    status,
+    write_job,
+)
 from tests.support.process_helpers import rank_pids
 
 pytestmark = pytest.mark.e2e
@@ -77,5 +86,45 @@ def test_lost_node_scales_in_and_its_return_scales_out_to_the_fault_free_model(
         r for e in of_kind(evs, "ProcessesStarted") if e["generation"] > 0 for r in e["ranks"]
     )
     assert started == [1, 2, 3], of_kind(evs, "ProcessesStarted")
+    st = status(run_dir)
+    assert st is not None and st["phase"] == "Succeeded" and st["step"] == 80, st
+
+
+def test_a_lost_pod_before_the_last_is_dropped_and_the_scale_in_recorded(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """3 pods x 2 ranks (6 virtual ranks) on 3 nodes, no spare: the first Worker pod's node
+    is lost. The ranks of the pod after it are numbered anew in the smaller world (job ranks
+    4, 5 become ranks 2, 3 of 4), and the manager still reads them as ranks 4 and 5: the
+    scale-in is recorded with its MTTR, the job trains to its end at 4 ranks and ends with
+    the fault-free model."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=ELASTIC,
+        replace={
+            "../../../examples/train_elastic.py": str(REPO / "examples" / "train_elastic.py"),
+            "--virtual-ranks=4": "--virtual-ranks=6",
+            "    Worker:\n      replicas: 1\n      minReplicas: 0": (
+                "    Worker:\n      replicas: 2\n      minReplicas: 1"
+            ),
+        },
+    )
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes: 3\ndevicesPerNode: 2\n")
+    reference = tmp_path / "fault-free"
+    ref = run_job(reference, "--cluster", cluster, job=job)
+    assert ref.rc == 0 and "step 80/80; 0 fault(s)" in ref.stdout, ref.explain()
+
+    res = run_job(run_dir, "--cluster", cluster, "--chaos", FIXTURES / "kill-node.yaml", job=job)
+    assert res.rc == 0, res.explain()
+    assert "step 80/80; 1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == digest(reference), "the elastic run's model differs"
+    evs = events(run_dir)
+    (lost,) = of_kind(evs, "FaultDetected")
+    assert lost["pods"] == ["e2e-elastic-worker-0"] and lost["ranks"] == [2, 3], lost
+    (scaled_in,) = of_kind(evs, "ScaledIn")
+    assert (scaled_in["from_world_size"], scaled_in["world_size"]) == (6, 4), scaled_in
+    (done,) = of_kind(evs, "RecoveryCompleted")
+    assert done["strategy"] == "elastic-training" and done["fault_id"] == lost["fault_id"], done
     st = status(run_dir)
     assert st is not None and st["phase"] == "Succeeded" and st["step"] == 80, st

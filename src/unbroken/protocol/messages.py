@@ -265,6 +265,8 @@ def _record_row(record: HeartbeatRecord) -> JsonObj:
         value = getattr(record, name)
         if value != default and _sendable(name, value):
             row[name] = value
+    if "rank" in row:  # its rank in its world (an elastic job's smaller world renumbers)
+        row["world_rank"] = row.pop("rank")
     row["phase"] = str(record.phase)
     return row
 
@@ -286,6 +288,7 @@ def encode_report(sender: Sender, report: Report) -> JsonObj:
                 row: JsonObj = {"rank": r.rank, "pid": r.pid, "alive": r.alive}
                 if r.record is not None:
                     row.update(_record_row(r.record))
+                    row["rank"] = r.rank  # the job's rank; the record's own: world_rank
                 rows.append(row)
             body["ranks"] = rows
         case RanksStarted() | RanksRejoined():
@@ -317,7 +320,8 @@ _RECORD_TYPES: dict[str, type[float] | type[int]] = {
 #: A heartbeat record's integers (steps, counters, ids) and stamps on the wire: exact as JSON
 #: numbers, and wall stamps or durations.
 _RECORD_INT = 1 << 53
-#: A record's fields that share their key with the row's own (the record's value is sent).
+#: A record's fields that share their key with the row's own (the record's pid is the row's;
+#: its rank, in its world, travels as ``world_rank``).
 _ROW_RANGES = {"rank": (0, RANK_MAX), "pid": (0, PID_MAX)}
 _PHASES = {str(p) for p in Phase}
 
@@ -340,12 +344,13 @@ def _record(row: Mapping[str, Any], what: str) -> HeartbeatRecord | None:
         raise ProtocolError(f"{what}: field phase={show(phase)} is not one of {sorted(_PHASES)}")
     values: dict[str, Any] = {}
     for name, kind in _RECORD_TYPES.items():
-        if name not in row:
+        key = "world_rank" if name == "rank" else name  # the row's rank is the job's
+        if key not in row:
             continue
         if kind is float:
-            values[name] = number(row, name, what)
+            values[name] = number(row, key, what)
         else:
-            values[name] = integer(row, name, what, -_RECORD_INT, _RECORD_INT)
+            values[name] = integer(row, key, what, -_RECORD_INT, _RECORD_INT)
     if "pid" not in values:
         raise ProtocolError(f"{what} has a record without field 'pid'")
     return HeartbeatRecord(phase=Phase(phase), **values)

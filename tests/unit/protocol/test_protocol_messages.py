@@ -3,6 +3,7 @@ shapes agents and managers exchange, and a malformed message is refused with its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -110,6 +111,21 @@ REPORTS: list[Report] = [
 def test_every_report_survives_json_and_its_codec(report: Report) -> None:
     wire = json.loads(json.dumps(encode_report(SENDER, report)))
     assert decode_report(method_of(report), wire) == (SENDER, report)
+
+
+def test_a_renumbered_rank_keeps_its_job_rank_and_its_world_rank() -> None:
+    """An elastic job's smaller world numbers its ranks anew: the process of job rank 4 is
+    rank 2 of its world, and its record says so. The row stays the job's rank 4 (how the
+    manager finds the rank); the record's rank arrives as it was written."""
+    record = dataclasses.replace(RECORD, rank=2, pid=91)
+    beat = AgentHeartbeat(ranks=(RankProgress(rank=4, pid=91, alive=True, record=record),))
+    wire = json.loads(json.dumps(encode_report(SENDER, beat)))
+    assert wire["ranks"][0]["rank"] == 4 and wire["ranks"][0]["world_rank"] == 2
+    _, decoded = decode_report(method_of(beat), wire)
+    assert isinstance(decoded, AgentHeartbeat)
+    (row,) = decoded.ranks
+    assert (row.rank, row.pid) == (4, 91)
+    assert row.record is not None and row.record.rank == 2
 
 
 def test_reports_travel_by_their_method() -> None:
