@@ -177,7 +177,40 @@ def _training_container(items: tuple[YamlNode, ...], problems: Problems) -> Map 
         name = container.get("name")
         if isinstance(name, Scalar) and name.value == "ascend":
             return container
-    return maps[0] if maps else None
+    if not maps:
+        return None
+    first = maps[0]
+    name = first.get("name")
+    shown = repr(name.value) if isinstance(name, Scalar) else "unnamed"
+    problems.warn(
+        first.line,
+        f"{first.path}.name",
+        f"no container is named 'ascend' (the name the reference's operator injects its "
+        f"environment into, 'do not modify'): the first, {shown}, is taken as the training "
+        "container",
+    )
+    return first
+
+
+#: MindSpeed-LLM's switches that "must be enabled together with enable-high-availability".
+NEEDS_HIGH_AVAILABILITY = ("--enable-hbmfault-repair", "--enable-worker-reboot")
+
+
+def _check_switches(
+    script_args: tuple[str, ...], line: int | None, where: str, problems: Problems
+) -> None:
+    """The training script's MindSpeed-LLM switches: a process-level one without
+    ``--enable-high-availability`` is refused, as the reference documents it."""
+    if "--enable-high-availability" in script_args:
+        return
+    for switch in NEEDS_HIGH_AVAILABILITY:
+        if switch in script_args:
+            problems.error(
+                line,
+                where,
+                f"{switch} without --enable-high-availability: it must be enabled together "
+                "with --enable-high-availability (the fault fast recovery switch it builds on)",
+            )
 
 
 def _read_container(container: Map, raw: RawReplica, problems: Problems) -> None:
@@ -191,6 +224,7 @@ def _read_container(container: Map, raw: RawReplica, problems: Problems) -> None
     raw.args = tuple(w.text for w in args)
     where = container.path + (".args" if container.get("args") is not None else ".command")
     raw.launch = read_command(command, args, dict(raw.env), where, problems)
+    _check_switches(raw.launch.script_args, raw.launch.line, where, problems)
     for name, word in raw.launch.exports.items():
         # A value that still names a variable is only known when the pod runs (the seed's
         # ``export MASTER_ADDR=${POD_IP}`` on rank 0): not a job setting.

@@ -512,3 +512,30 @@ def test_straggler_knobs_are_read_and_bounded(tmp_path: Path) -> None:
         ":10: metadata.annotations.straggler-threshold-percent: straggler-threshold-percent is "
         "out of range: got '100'; allowed: a whole number 1-99 %"
     ]
+
+
+@pytest.mark.parametrize("switch", ["--enable-hbmfault-repair", "--enable-worker-reboot"])
+def test_a_process_level_switch_without_high_availability_is_refused(
+    tmp_path: Path, switch: str
+) -> None:
+    text = job_text().replace('"train.py"]', f'"train.py", "{switch}"]')
+    assert errors(tmp_path, text) == [
+        f":{line}: spec.replicaSpecs.{kind}.template.spec.containers[0].command: {switch} "
+        "without --enable-high-availability: it must be enabled together with "
+        "--enable-high-availability (the fault fast recovery switch it builds on)"
+        for line, kind in ((24, "Master"), (35, "Worker"))
+    ]
+    both = job_text().replace(
+        '"train.py"]', f'"train.py", "--enable-high-availability", "{switch}"]'
+    )
+    assert load_job(write(tmp_path, both, "both.yaml")).warnings == ()
+
+
+def test_a_job_without_an_ascend_container_is_warned_about(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, job_text().replace("- name: ascend", "- name: trainer")))
+    assert [w.removeprefix(str(tmp_path / "job.yaml")) for w in job.warnings] == [
+        f":{line}: spec.replicaSpecs.{kind}.template.spec.containers[0].name: no container is "
+        "named 'ascend' (the name the reference's operator injects its environment into, 'do "
+        "not modify'): the first, 'trainer', is taken as the training container"
+        for line, kind in ((19, "Master"), (30, "Worker"))
+    ]
