@@ -23,6 +23,7 @@ from unbroken.manager.inprocess import InProcess
 from unbroken.manager.pool import Pool
 from unbroken.manager.rungs import Newcomers
 from unbroken.scheduler import Unschedulable
+from unbroken.spec.knobs import Strategy
 
 
 class Elastic:
@@ -87,7 +88,11 @@ class Elastic:
                 "(wait-reschedule-timeout) for a node before the job scales in without it"
             )
             return None
-        return self._drop(pod, node, now, rung, fault_id)
+        if Strategy.RECOVER in self.ctx.job.fault_handling.strategies:
+            why = "recover could not replace it"
+        else:
+            why = "elastic-training without recover: a lost pod is not replaced"
+        return self._drop(pod, node, now, rung, fault_id, why)
 
     def poll_room(
         self, now: float, rung: int | None, stale: Callable[[int | None], bool], fault_id: str
@@ -121,19 +126,20 @@ class Elastic:
             return None
         self.pending_room = None
         console.line(f"no room for {', '.join(pods)} within wait-reschedule-timeout: scaling in")
+        why = "no node to place it on within wait-reschedule-timeout"
         refused = [
-            self._drop(pod, self._drop_nodes.pop(pod, ""), now, rung, fault_id) for pod in pods
+            self._drop(pod, self._drop_nodes.pop(pod, ""), now, rung, fault_id, why) for pod in pods
         ]
         return next((r for r in refused if r is not None), None)
 
     def _drop(
-        self, pod: str, node: str, now: float, rung: int | None, fault_id: str
+        self, pod: str, node: str, now: float, rung: int | None, fault_id: str, why: str
     ) -> Refused | None:
         before = self.state.world_size
         self.engine.stop((pod,), None)
         self.state = self.state.drop(pod, node, now, fault_id)
         self.ctx.console.line(
-            f"scaling in: {pod} dropped (no node to place it on); world size {before} -> "
+            f"scaling in: {pod} dropped ({why}); world size {before} -> "
             f"{self.state.world_size} (minimum {self.state.min_pods} pod(s)); scales out "
             "when a node is free again"
         )
