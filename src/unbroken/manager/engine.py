@@ -88,10 +88,11 @@ class Refused:
 @dataclass(frozen=True)
 class NoRoom:
     """Pod ``pod`` stays pending (no room now, or its scheduler sessions ran out) at ``at``:
-    the policy hears it is unschedulable."""
+    the policy hears it is unschedulable (``may_pend``: and that it pends for room)."""
 
     pod: str
     at: float
+    may_pend: bool = False
 
 
 @dataclass(frozen=True)

@@ -214,8 +214,10 @@ class Executor:
             match o:
                 case Refused(reason=reason):
                     self._queue.append(RungFailed(reason=reason, at=now, generation=self._rung))
-                case NoRoom(pod=pod, at=at):
-                    self._queue.append(PodUnschedulable(pod=pod, at=at, generation=self._rung))
+                case NoRoom(pod=pod, at=at, may_pend=may_pend):
+                    self._queue.append(
+                        PodUnschedulable(pod=pod, at=at, generation=self._rung, may_pend=may_pend)
+                    )
                 case CannotRun(reason=reason):
                     self._finish(False, reason)
                 case None:
@@ -388,6 +390,10 @@ class Executor:
 
     def retry_placement(self, now: float) -> None:
         self._absorb(self.engine.retry_placement(now, self._terms()), now)
+
+    def poll_spare(self, now: float) -> None:
+        """``recover`` pending for room (up to wait-reschedule-timeout): placed when room came."""
+        self._absorb([self.inprocess.poll_spare(now, self.stale)], now)
 
     def poll_room(self, now: float) -> None:
         fault_id = self.incidents.fault_id

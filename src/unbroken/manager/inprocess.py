@@ -17,7 +17,7 @@ what follows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from unbroken.faults import Fault, FaultKind
@@ -44,7 +44,7 @@ from unbroken.manager.rungs import (
 )
 from unbroken.policy import Command, RecoverOnSpare
 from unbroken.protocol.messages import EndRanks, JoinFrom, RejoinRanks, WriteLastWords
-from unbroken.scheduler import Unschedulable
+from unbroken.scheduler import Binding, Unschedulable
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,9 @@ class InProcess:
         self.incidents = incidents
         self.pending_rejoin: PendingRejoin | None = None
         self.pending_dump: LastWords | None = None
+        #: ``recover`` with no room yet: the pods, and the rung that waits for room for them
+        #: (until its deadline, ``wait-reschedule-timeout``).
+        self.pending_spare: tuple[tuple[str, ...], int | None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -278,14 +281,54 @@ class InProcess:
         result = self.pool.place(pods, self.engine.warm_nodes(pods))
         if isinstance(result, Unschedulable):
             self.ctx.console.line(f"cannot place {', '.join(pods)}: {result.reason}")
-            return NoRoom(pods[0], now)
-        self.pool.bind(result.bindings, say_passed_over=True)
+            if not self.pool.may_pend(self._faults_of(pods)):
+                return NoRoom(pods[0], now)
+            # Room may come back (isolated devices healthy again): the healthy ranks pause
+            # and the pods pend until the rung's deadline, wait-reschedule-timeout.
+            self.pending_spare = (pods, rung)
+            self.engine.pause_all(pods)
+            self.ctx.console.line(
+                f"{', '.join(pods)} pend(s) for room until recover's deadline "
+                "(wait-reschedule-timeout)"
+            )
+            return NoRoom(pods[0], now, may_pend=True)
+        return self._recover_placed(pods, result.bindings, now, rung)
+
+    def poll_spare(self, now: float, stale: Callable[[int | None], bool]) -> Outcome | None:
+        """``recover`` pending for room: placed and recovered once there is room; dropped
+        when the policy gave the rung up (its deadline passed)."""
+        if self.pending_spare is None:
+            return None
+        pods, rung = self.pending_spare
+        if stale(rung):
+            self.pending_spare = None
+            return None
+        result = self.pool.place(pods, self.engine.warm_nodes(pods))
+        if isinstance(result, Unschedulable):
+            return None
+        self.pending_spare = None
+        self.ctx.console.line(
+            f"room for {', '.join(pods)} within wait-reschedule-timeout: recovering on "
+            f"{', '.join(b.node for b in result.bindings)}"
+        )
+        return self._recover_placed(pods, result.bindings, now, rung)
+
+    def _faults_of(self, pods: Sequence[str]) -> list[Fault]:
+        inc = self.incidents.open
+        faults = [inc.fault] if inc is not None else []
+        return [f for f in faults if f.pod in pods] or faults
+
+    def _recover_placed(
+        self, pods: tuple[str, ...], bindings: Sequence[Binding], now: float, rung: int | None
+    ) -> Refused | None:
+        result_bindings = tuple(bindings)
+        self.pool.bind(result_bindings, say_passed_over=True)
         return self.rejoin(
             replace={},
             now=now,
             rung=rung,
             suspect=tuple(r for pod in pods for r in self.ctx.job.ranks_of(pod)),
-            replacement=Newcomers(pod=pods[0], bindings=result.bindings),
+            replacement=Newcomers(pod=pods[0], bindings=result_bindings),
         )
 
     # ---- last words (dump) --------------------------------------------------------------

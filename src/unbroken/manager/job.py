@@ -629,6 +629,7 @@ class JobManager:
         ex.keep_spares(now)
         ex.retry_placement(now)
         ex.poll_room(now)
+        ex.poll_spare(now)
         ex.scale_out(now)
         self._chaos(now)
         if self.outcome is None:

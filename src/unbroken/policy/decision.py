@@ -65,7 +65,8 @@ Process level, only when ``recover-strategy`` is present, ``process-recover-enab
   ``RestartBusiness``, or a chip fault (``device``, ``device-memory``) of level
   ``RestartRequest``/``RestartBusiness``; younger than 60 s, naming its pod; a replica exists.
   ``RestartInPlace(pod, ranks)`` per pod.
-- L3  ``recover``: a replica exists, a spare node is free or the pod is schedulable, faults
+- L3  ``recover``: a replica exists, a spare node is free or the pod is schedulable (or may
+  be, once isolated devices are back: it pends up to ``wait_reschedule_s``), faults
   name their pods. ``RecoverOnSpare(pod, ...)`` per pod; deadline ``wait_reschedule_s``, then
   ``REPAIR_TIMEOUT_S`` from ``ReplacementReady``.
 - L4  ``elastic-training``: ``elastic_possible``, a replica exists, faults name their pods.
@@ -100,7 +101,9 @@ Recovering
 
 - V1  ``RungSucceeded``: ``Running``; the hardware reschedule count starts again.
 - V2  the rung failed (``RungFailed``; ``Tick`` at or past ``deadline_at``;
-  ``PodUnschedulable`` during ``recover``, pod-level rescheduling or a hot switch): the ladder
+  ``PodUnschedulable`` during pod-level rescheduling, a hot switch, or ``recover`` when room
+  cannot come back; room that may come back, isolated devices healthy again, keeps ``recover``
+  waiting until its deadline, ``wait-reschedule-timeout``): the ladder
   again for F, strictly below the failed rung, except that in-pod restart and job-level
   rescheduling may repeat (each time charged). Pod-level failing goes to job level uncharged.
 - V3  a failed or timed-out hot switch: ``Running`` (training goes on, sub-healthy).
@@ -372,7 +375,12 @@ def _recovering(state: Recovering, event: Event, config: FaultHandling, now: flo
                 return _rung_failed(state, f"{rung} passed its deadline", config, now)
             left_s = state.deadline_at - now
             return Decision(state, (), f"{rung} in progress, {left_s:.0f} s to its deadline")
-        case PodUnschedulable(pod=pod):
+        case PodUnschedulable(pod=pod, may_pend=may_pend):
+            if rung is Rung.RECOVER and may_pend:
+                left_s = state.deadline_at - now
+                return Decision(
+                    state, (), f"pod {pod} pends for room up to {left_s:.0f} s (recover's deadline)"
+                )
             if rung in (Rung.POD_RESCHEDULE, Rung.RECOVER, Rung.HOT_SWITCH):
                 return _rung_failed(state, f"{rung} failed: pod {pod} unschedulable", config, now)
             return Decision(state, (), f"pod {pod} pending during {rung}: waiting for it")

@@ -84,11 +84,13 @@ class RungFailed:
 
 @dataclass(frozen=True)
 class PodUnschedulable:
-    """A pod that was to be placed stayed pending."""
+    """A pod that was to be placed stayed pending (``may_pend``: room may come back, once
+    isolated devices are healthy again, and the pod pends for it)."""
 
     pod: str
     at: float
     generation: int | None = None
+    may_pend: bool = False
 
 
 @dataclass(frozen=True)

@@ -187,12 +187,18 @@ def _process_rungs(
         )
         + ([] if pods_known else ["a fault names no pod"]),
     )
-    placeable = feasibility.spare_node_free or feasibility.pod_schedulable
+    placeable = (
+        feasibility.spare_node_free or feasibility.pod_schedulable or feasibility.pod_may_pend
+    )
     consider(
         Strategy.RECOVER,
         Rung.RECOVER,
         common
-        + ([] if placeable else ["no spare node free and the pod is not schedulable"])
+        + (
+            []
+            if placeable
+            else ["no spare node free and the pod is not schedulable, now or once devices are back"]
+        )
         + ([] if pods_known else ["a fault names no pod"]),
     )
     consider(

@@ -605,10 +605,22 @@ ROWS = {
         proc(Strategy.RECOVER, Strategy.ELASTIC_TRAINING, decision_wait_s=60.0),
         (ScaleIn("worker-1", (3,), 270.0),),
         "elastic-training (worker-1) (skipped: recover: no spare node free and the pod is not "
-        "schedulable; pod-rescheduling: the pod cannot be placed now)",
+        "schedulable, now or once devices are back; pod-rescheduling: the pod cannot be placed "
+        "now)",
         Recovering,
         # The pod pends wait_reschedule_s for room, then the paused ranks get their world.
         rung_is(Rung.ELASTIC_TRAINING, NOW + 270.0 + 60.0),
+    ),
+    "L3-may-pend": Row(
+        Running(),
+        fault(SEP, spare_node_free=False, pod_schedulable=False, pod_may_pend=True),
+        proc(Strategy.RECOVER),
+        (RecoverOnSpare("worker-1", (3,), ISO, ()),),
+        "recover (worker-1)",
+        Recovering,
+        # No room now, but once the isolated devices are back: the pod pends for room up to
+        # recover's deadline, wait_reschedule_s.
+        rung_is(Rung.RECOVER, NOW + 270.0),
     ),
     "L4": Row(
         Running(),
@@ -884,6 +896,15 @@ ROWS = {
         proc(Strategy.RECOVER),
         (ReschedulePods(("worker-1",), (), (), 30.0),),
         "recover failed: pod worker-1 unschedulable: pod-level rescheduling of worker-1",
+        Recovering,
+        now=NOW + 5.0,
+    ),
+    "V6-replacement-pends-for-room": Row(
+        recovering(Rung.RECOVER, deadline_at=NOW + 270.0),
+        PodUnschedulable("worker-1", NOW + 5.0, may_pend=True),
+        proc(Strategy.RECOVER),
+        (),
+        "pod worker-1 pends for room up to 265 s (recover's deadline)",
         Recovering,
         now=NOW + 5.0,
     ),
