@@ -25,8 +25,10 @@ from tests.support.cli_runs import (
     of_kind,
     replica_specs,
     run_job,
+    start_job,
     status,
     unbroken,
+    wait_for,
     write_job,
 )
 from tests.support.process_helpers import (
@@ -360,7 +362,8 @@ def test_lost_node_without_a_spare_node_falls_to_job_level_rescheduling(
     assert res.rc == 1, res.explain()
     assert (
         "no spare node: recover moves a faulty pod to a free node, and all 2 are taken; "
-        "recover will fall to the next rung"
+        "recover will fall to the next rung unless room comes back within "
+        "wait-reschedule-timeout (an isolated device healthy again)"
     ) in res.stderr, res.explain()
     assert (
         f"reason: cannot place pod {RECOVER_WORKER}: pod {RECOVER_WORKER} needs 2 healthy "
@@ -464,3 +467,43 @@ def test_lost_node_without_a_spare_node_falls_to_dump_then_job_level(run_dir: Pa
     assert (manifest["step"], manifest["world_size"]) == (saved["step"], 4), manifest
     newest = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_????????"))
     assert newest == saved["step"]
+
+
+def test_recover_pends_for_room_until_the_isolated_device_is_back(
+    run_dir: Path, reference: Reference, tmp_path: Path
+) -> None:
+    """No spare node: rank 3's device fails (SeparateNPU) at step 5, so its pod needs a node
+    and none has room. Room can come back (the device, once healthy), so the pod pends up to
+    wait-reschedule-timeout while the healthy ranks wait paused; ``unbroken inject device
+    --clear`` brings the device back and the pod is recovered on node-1 from a replica."""
+    job = write_job(tmp_path / "job.yaml", job=RECOVER, replace={STEP_SLEEP: "--step-sleep=0.1"})
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes: 2\ndevicesPerNode: 2\ndevicePlugin:\n  listWatchPeriod: 3\n")
+    chaos = FIXTURES / "device-isolate.yaml"
+    running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, "--chaos", chaos, job=job)
+    try:
+
+        def pending() -> bool:
+            assert running.proc.poll() is None, "the job ended first: " + str(running.output())
+            return "pend(s) for room until recover's deadline" in running.output()[0]
+
+        wait_for(pending, "the pod to pend for room", deadline_s=120.0)
+        clear = unbroken(
+            "inject", "device", "--node", "node-1", "--device", "1", "--clear", "--run", run_dir
+        )
+        assert clear.rc == 0, clear.explain()
+        done = running.wait()
+    finally:
+        running.stop()
+    assert done.rc == 0, done.explain()
+    assert_succeeded(done.stdout, "e2e-recover", run_dir, reference)
+    assert "room for e2e-recover-worker-0 within wait-reschedule-timeout" in done.stdout
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    assert [d["strategy"] for d in of_kind(incident, "DecisionMade")] == ["recover"], incident
+    assert [(e["pod"], e["node"]) for e in of_kind(evs, "PodPlaced", generation=1)] == [
+        (RECOVER_WORKER, "node-1")
+    ]
+    (loaded,) = of_kind(incident, "StateLoaded")
+    assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
+    assert recomputed_steps(run_dir) == 0

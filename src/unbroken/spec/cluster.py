@@ -213,7 +213,8 @@ def _check(
                 lines.get("nodes"),
                 "nodes",
                 f"no spare node: recover moves a faulty pod to a free node, and all "
-                f"{cluster.nodes} are taken; recover will fall to the next rung",
+                f"{cluster.nodes} are taken; recover will fall to the next rung unless room "
+                "comes back within wait-reschedule-timeout (an isolated device healthy again)",
             )
         if cluster.devices_per_node < job.nproc_per_node:
             problems.error(
