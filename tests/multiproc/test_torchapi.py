@@ -294,16 +294,6 @@ def check_make_default_group(rank: int) -> None:
         torchapi.make_default_group(previous)
 
 
-def check_fake_store(rank: int) -> None:
-    store = torchapi.fake_store()
-    assert isinstance(store, dist.Store)
-    # Its import registered the fake backend: a group of it communicates nothing.
-    group = dist.new_group(ranks=[rank], backend="fake", use_local_synchronization=True)
-    tensor = torch.full((2,), float(rank + 1))
-    dist.all_reduce(tensor, group=group)
-    assert tensor.tolist() == [float(rank + 1)] * 2
-
-
 CHECKS: dict[str, Callable[[int], None]] = {
     name.removeprefix("check_"): value
     for name, value in list(globals().items())
@@ -460,31 +450,6 @@ def test_make_default_group(outcomes: dict[str, list[str]]) -> None:
 
 def test_foreach_div_(outcomes: dict[str, list[str]]) -> None:
     _assert_ok(outcomes, "foreach_div_")
-
-
-def test_fake_store(outcomes: dict[str, list[str]]) -> None:
-    _assert_ok(outcomes, "fake_store")
-
-
-def test_the_zygotes_sharded_warm_up_leaves_no_thread_and_no_group() -> None:
-    """The zygote forks ranks after :func:`warm_sharded_step`: it must leave no thread behind
-    (a gloo group would leave three) and no process group."""
-    code = (
-        "import os, torch.distributed as dist\n"
-        "from unbroken.agent import standby\n"
-        "import torch\n"
-        "before = len(os.listdir('/proc/self/task'))\n"
-        "standby.warm_sharded_step()\n"
-        "print(before, len(os.listdir('/proc/self/task')), dist.is_initialized())\n"
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "no sharded warm-up" not in done.stdout, done.stdout
-    before, after, initialized = done.stdout.split()[-3:]
-    assert after == before and initialized == "False", done.stdout
 
 
 if __name__ == "__main__":

@@ -232,58 +232,10 @@ def warm_imports() -> None:
     import torch.distributed.optim  # ZeroRedundancyOptimizer: 0.2 s of a new rank's start here
     import torch.nn.parallel  # noqa: F401
 
-    warm_sharded_step()
     # The imports' objects go to the collector's permanent generation: a forked rank never
     # traverses them in a collection (shorter pauses, no copy-on-write of their pages), and
     # its interpreter's exit skips them (1-2 s of CPU per rank with torch imported).
     gc.freeze()
-
-
-def warm_sharded_step() -> None:
-    """Run one FSDP2 step (forward, backward, ``clip_grad_norm_``, AdamW) on a tiny model
-    over a world of this process alone, then leave no trace: a forked rank's first step on
-    ``DTensor`` parameters then skips what torch does once per process (lazy imports, the
-    registration of operator strategies, the first dispatch of each foreach kernel): 30 to 100
-    ms of the first step after a replacement started, on the critical path of its recovery.
-    Single-threaded (one intra-op thread, torch's fake backend, which starts no thread); any
-    failure only costs the warm-up."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # no OpenMP pool in a process that forks
-    try:
-        from torch import nn
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        from unbroken.worker.torchapi import fake_store
-
-        dist.init_process_group("fake", store=fake_store(), rank=0, world_size=1)
-        try:
-            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-            mesh = init_device_mesh("cpu", (1,))
-            for layer in model:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            for _ in range(2):
-                loss = nn.functional.cross_entropy(model(torch.ones(2, 4)), torch.zeros(2).long())
-                loss.backward()  # type: ignore[no-untyped-call]
-                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad()
-            del model, opt, mesh, loss
-        finally:
-            dist.destroy_process_group()
-    except Exception as e:  # a warm-up only
-        print(f"{time.time():.3f} standby {os.getpid()}: no sharded warm-up: {e}", flush=True)
-    finally:
-        torch.set_num_threads(threads)
-        gc.collect()
 
 
 def _announce_ready(reply_fd: int, began: float) -> None:

@@ -39,7 +39,6 @@ __all__ = [
     "ddp_use_process_group",
     "default_store",
     "device_backends",
-    "fake_store",
     "foreach_div_",
     "gloo_allgather",
     "gloo_allreduce",
@@ -144,18 +143,6 @@ def plain_group(
         else:
             group._register_backend(torch.device("cuda"), backend_type.GLOO, gloo)
     return group
-
-
-def fake_store() -> Store:
-    """A store for ``init_process_group("fake", ...)``: torch's fake backend, whose
-    collectives do nothing and which starts no thread (what a process that forks afterwards
-    needs: a gloo group leaves its threads behind while anything holds it).
-
-    ``torch.testing._internal.distributed.fake_pg.FakeStore``, whose import registers the
-    ``fake`` backend; checked against torch 2.11 and 2.13. Public replacement: none."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    return FakeStore()
 
 
 # -- gloo groups of the worker's own ---------------------------------------------------------
