@@ -185,7 +185,8 @@ class OpRetryDone:
     error: str  # what the failed collective said
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
+    """An error in one line of at most 300 characters of text, for logs and heartbeats."""
     text = " ".join(str(error).split()) or type(error).__name__
     return f"{type(error).__name__}: {text[:300]}"
 
@@ -250,7 +251,7 @@ class OpRetrier:
         s = self.settings
         rank = dist.get_rank()
         failed_at = time.time()
-        first = last = _describe(error)
+        first = last = describe_error(error)
         group: ProcessGroupGloo | None = None
         works: list[dist.Work] = []
         for attempt in range(1, s.max_count + 1):
@@ -283,7 +284,7 @@ class OpRetrier:
                 _drain(works)
                 raise
             except Exception as e:
-                last = _describe(e)
+                last = describe_error(e)
                 logger.warning(
                     "rank %d: op retry %d/%d of step %d failed: %s",
                     rank,
@@ -324,13 +325,7 @@ class OpRetrier:
         )
 
     def _wait(self, wait_s: float, attempt: int, step: int) -> None:
-        deadline = time.monotonic() + wait_s
-        while True:
-            self._check(attempt, step)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(self.poll_interval_s, left))
+        hold(wait_s, lambda: self._check(attempt, step), self.poll_interval_s)
 
     def _check(self, attempt: int, step: int) -> None:
         if self._interrupted():
@@ -365,6 +360,18 @@ class OpRetrier:
                 )
             time.sleep(self.poll_interval_s)
         return self.group(generation, f"{name}/pg")
+
+
+def hold(wait_s: float, check: Callable[[], None], poll_interval_s: float) -> None:
+    """Wait ``wait_s`` (HoldTime or IntervalTime), calling ``check`` (which raises to stop)
+    every ``poll_interval_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(poll_interval_s, left))
 
 
 def wait_all(works: list[dist.Work]) -> Exception | None:

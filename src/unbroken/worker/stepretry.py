@@ -60,15 +60,12 @@ from unbroken.worker.opretry import (
     OpRetrySettings,
     OpRetryStopped,
     RetryConfig,
+    describe_error,
+    hold,
 )
 from unbroken.worker.stepgroup import StepGroup, live_groups
 
 logger = logging.getLogger(__name__)
-
-
-def _describe(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text[:300]}"
 
 
 class StepRetry:
@@ -169,7 +166,7 @@ class StepRetry:
         store.set(prefix + "open", str(step))
         rank = dist.get_rank()
         failed_at = time.time()
-        first = last = _describe(error) if error is not None else "it failed at a peer"
+        first = last = describe_error(error) if error is not None else "it failed at a peer"
         for attempt in range(1, s.max_count + 1):
             groups = sorted(live_groups(), key=lambda g: str(g.group_name))
             for group in groups:
@@ -196,7 +193,7 @@ class StepRetry:
             except OpRetryFailed:
                 raise
             except Exception as e:
-                last = _describe(e)
+                last = describe_error(e)
                 logger.warning(
                     "rank %d: op retry %d/%d of step %d failed: %s",
                     rank,
@@ -279,13 +276,7 @@ class StepRetry:
         logger.debug("rank %d: %d collective(s) issued again", rank, issued)
 
     def _wait(self, wait_s: float, attempt: int, step: int) -> None:
-        deadline = time.monotonic() + wait_s
-        while True:
-            self._check(attempt, step)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(self.poll_interval_s, left))
+        hold(wait_s, lambda: self._check(attempt, step), self.poll_interval_s)
 
     def _check(self, attempt: int, step: int) -> None:
         if self._interrupted():
