@@ -220,10 +220,20 @@ def _escalation(node: yaml.Node, source: str) -> Escalation:
     return Escalation(times=int(times_text), window_s=window_s)
 
 
+#: The reference's own spellings of two levels (its fault-code files and its ConfigMaps).
+LEVEL_ALIASES = {
+    "NotHandleFault": FaultLevel.NOT_HANDLE,
+    "ManuallySeparateNPU": FaultLevel.MANUALLY_SEPARATE,
+}
+
+
 def _level(node: yaml.Node, source: str) -> FaultLevel:
     text = _scalar(node)
+    if text in LEVEL_ALIASES:
+        return LEVEL_ALIASES[text]
     if text not in {level.value for level in FaultLevel}:
-        _fail(source, node, "level", "one of " + ", ".join(level.value for level in FaultLevel))
+        names = [level.value for level in FaultLevel] + list(LEVEL_ALIASES)
+        _fail(source, node, "level", "one of " + ", ".join(names))
     return FaultLevel(text)
 
 

@@ -17,9 +17,8 @@ parts return into ledger events and the policy's events:
   (:mod:`unbroken.manager.inprocess`), hot switching and elastic training;
 - :mod:`unbroken.chaos.injector` injects the faults of ``--chaos`` and ``unbroken inject``.
 
-``docs/recovery-route.md`` follows one fault through these parts, hop by hop. Reports from an
-older generation than the current one are echoes of a fault already handled. The wall clock is
-an argument (``clock``), so a component test drives the loop with a fake one.
+``docs/recovery-route.md`` follows one fault through these parts, hop by hop. Reports of an
+older generation are echoes of a fault already handled. The clock is an argument (``clock``).
 """
 
 from __future__ import annotations
@@ -342,6 +341,7 @@ class JobManager:
     def shutdown(self) -> None:
         success = self.outcome is not None and self.outcome.succeeded
         self.engine.stop_all(grace_s=None if not success else 5.0, success=success)
+        self.pool.reset_idle(self.clock(), job_over=True)
         self.injector.release_throttles()
         self.commands.close()
         self.endpoints.close()

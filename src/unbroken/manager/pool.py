@@ -61,6 +61,8 @@ class Pool:
         self.faulty_devices: dict[tuple[str, int], str] = {}
         #: Devices being reset (``-hotReset=2``), until they report healthy.
         self.resetting: dict[tuple[str, int], Reset] = {}
+        #: ``FreeRestartNPU`` devices to reset once idle, with their fault's code.
+        self.reset_when_idle: dict[tuple[str, int], str] = {}
 
     # ---- placement ----------------------------------------------------------------------
     def wanted(self, pods: Sequence[str]) -> list[Pod]:
@@ -82,10 +84,13 @@ class Pool:
                 why = "; ".join(f"{n} ({reason})" for n, reason in sorted(skipped.items()))
                 self.ctx.console.line(f"placing {pods}: passed over {why}, placed on last")
         self.cluster = self.cluster.bind(bindings)
+        self.reset_idle(self.ctx.clock())  # a pod that moved left its devices idle
 
     def release(self, pods: Sequence[str]) -> None:
-        """The pods' nodes and devices are free again."""
+        """The pods' nodes and devices are free again (a ``FreeRestartNPU`` device left idle
+        is reset now, before a pod is placed on it)."""
         self.cluster = self.cluster.release_all(pods)
+        self.reset_idle(self.ctx.clock())
 
     def binding(self, pod: str) -> Binding | None:
         return self.cluster.bindings.get(pod)
@@ -248,7 +253,7 @@ class Pool:
             self.faulty_devices[(event.node, event.device)] = event.code or "unknown"
             found = device_fault(event, self._holder(event.node, event.device), self.ctx.codes)
             if self.ctx.cluster.offline_reset and found.level.resets_device:
-                self._reset_device(event.node, event.device, found.code, found.level, now)
+                self._reset(event.node, event.device, found.code, found.level, now)
             match found:
                 case IdleDeviceFault() as idle:
                     self._idle_device_fault(idle)
@@ -262,6 +267,7 @@ class Pool:
         node, device = event.node, event.device
         console = self.ctx.console
         self.faulty_devices.pop((node, device), None)
+        self.reset_when_idle.pop((node, device), None)
         reset = self.resetting.pop((node, device), None)
         if reset is not None:
             took_s = event.at - reset.at
@@ -278,6 +284,32 @@ class Pool:
                 DeviceReturned(node=node, device=device, reason="healthy again (autoStowing)")
             )
             console.line(f"device {device} of {node} back in the pool")
+
+    def _reset(self, node: str, device: int, code: str, level: FaultLevel, now: float) -> None:
+        """A device at ``RestartNPU`` is reset at once; one at ``FreeRestartNPU`` once no pod of
+        the job is bound to it (at once when none is)."""
+        key = (node, device)
+        if level is not FaultLevel.FREE_RESTART_NPU or not self._bound(node, device):
+            self.reset_when_idle.pop(key, None)
+            self._reset_device(node, device, code, level, now)
+            return
+        if key not in self.reset_when_idle:
+            self.reset_when_idle[key] = code
+            self.ctx.console.line(
+                f"device {device} of {node} reported {code} ({level}): it is reset once no rank "
+                "of the job uses it; its ranks recover without waiting for a reset"
+            )
+
+    def reset_idle(self, now: float, job_over: bool = False) -> None:
+        """Reset the ``FreeRestartNPU`` devices no pod is bound to any more (every one of them
+        once the job is over: ``job_over``)."""
+        for (node, device), code in list(self.reset_when_idle.items()):
+            if job_over or not self._bound(node, device):
+                del self.reset_when_idle[(node, device)]
+                self._reset_device(node, device, code, FaultLevel.FREE_RESTART_NPU, now)
+
+    def _bound(self, node: str, device: int) -> bool:
+        return any(b.node == node and device in b.devices for b in self.cluster.bindings.values())
 
     def _reset_device(
         self, node: str, device: int, code: str, level: FaultLevel, now: float

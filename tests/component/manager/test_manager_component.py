@@ -579,3 +579,54 @@ def test_a_pod_rescheduled_off_a_device_being_reset_goes_to_another_node(
     # RestartNPU stops training; the job is placed again, node-1 short of a device.
     assert [(pod, node) for pod, node, _ in placed] == [(PODS[0], "node-0"), (PODS[1], "node-2")]
     assert [e["node"] for e in job.events("DeviceResetStarted")] == ["node-1"]
+
+
+def test_a_free_restart_device_is_reset_once_no_pod_of_the_job_is_bound_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FreeRestartNPU: the fault of the rank on the device goes to the loop at once, and nothing
+    resets the device under it; the device is reset once idle, here when its pod is released.
+    RestartNPU on the same kind of device is reset at once."""
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    pool, now = job.m.pool, job.clock()
+    pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
+    _sim(job)
+    for node, device, code in (("node-1", 1, "8C0E4E00"), ("node-0", 0, "80E18005")):
+        inject_device_fault(job.m.ctx.sim_dir, node, device, code, at=now)
+    fault = pool.device_event(DeviceFaulted("node-1", 1, "8C0E4E00", "free", now, now), now)
+    assert fault is not None and fault.level is FaultLevel.FREE_RESTART_NPU
+    assert fault.ranks == (3,), fault
+    assert job.events("DeviceResetStarted") == [] and pool.reset_when_idle == {
+        ("node-1", 1): "8C0E4E00"
+    }
+    pool.reset_idle(now)
+    assert job.events("DeviceResetStarted") == [], "reset under a bound pod"
+    pool.release([PODS[1]])
+    pool.reset_idle(now)
+    assert job.events("DeviceResetStarted") == [
+        {"node": "node-1", "device": 1, "code": "8C0E4E00", "reset_s": 2.0}
+    ]
+    assert pool.reset_when_idle == {}
+    fault = pool.device_event(DeviceFaulted("node-0", 0, "80E18005", "reset", now, now), now)
+    assert fault is not None and fault.level is FaultLevel.RESTART_NPU
+    assert [e["node"] for e in job.events("DeviceResetStarted")] == ["node-1", "node-0"]
+
+
+def test_a_free_restart_device_still_bound_is_reset_when_the_job_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, offline_reset=True)
+    pool, now = job.m.pool, job.clock()
+    pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
+    _sim(job)
+    for node, device in (("node-0", 0), ("node-2", 1)):
+        inject_device_fault(job.m.ctx.sim_dir, node, device, "8C0E4E00", at=now)
+    pool.device_event(DeviceFaulted("node-0", 0, "8C0E4E00", "free", now, now), now)
+    # node-2 runs no pod: its device is idle and is reset at once.
+    pool.device_event(DeviceFaulted("node-2", 1, "8C0E4E00", "free", now, now), now)
+    assert [(e["node"], e["device"]) for e in job.events("DeviceResetStarted")] == [("node-2", 1)]
+    pool.reset_idle(now, job_over=True)
+    assert [(e["node"], e["device"]) for e in job.events("DeviceResetStarted")] == [
+        ("node-2", 1),
+        ("node-0", 0),
+    ]

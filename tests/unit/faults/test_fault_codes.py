@@ -134,6 +134,12 @@ def test_shipped_table_has_the_reference_codes(shipped: CodeTable) -> None:
         (FaultKind.DEVICE, "xid-79", FaultLevel.SEPARATE_NPU),
         (FaultKind.DEVICE, "80E3A201", FaultLevel.SEPARATE_NPU),
         (FaultKind.DEVICE, "8C1F8608", FaultLevel.NOT_HANDLE),
+        (FaultKind.DEVICE, "110001024", FaultLevel.PRE_SEPARATE_NPU),
+        (FaultKind.DEVICE, "8f180220", FaultLevel.PRE_SEPARATE_NPU),
+        (FaultKind.DEVICE, "80C98009", FaultLevel.RESTART_REQUEST),
+        (FaultKind.DEVICE, "8C0E4E00", FaultLevel.FREE_RESTART_NPU),
+        (FaultKind.DEVICE, "80E18005", FaultLevel.RESTART_NPU),
+        (FaultKind.DEVICE, "80E20207", FaultLevel.SUB_HEALTH),
         (FaultKind.DEVICE, "0BADC0DE", FaultLevel.RESTART_BUSINESS),  # unknown code
         (FaultKind.DEVICE, "", FaultLevel.RESTART_BUSINESS),
         # seen by the training processes: at least RestartBusiness
@@ -154,6 +160,23 @@ def test_shipped_table_has_the_reference_codes(shipped: CodeTable) -> None:
 )
 def test_level_for(shipped: CodeTable, kind: FaultKind, code: str, level: FaultLevel) -> None:
     assert shipped.level_for(kind, code) is level
+
+
+def test_every_level_has_a_shipped_code_but_manually_separate(shipped: CodeTable) -> None:
+    """ManuallySeparate is reached by escalation or a user's code, as in the reference."""
+    levels = {info.level for info in shipped.codes.values()}
+    assert set(FaultLevel) - levels == {FaultLevel.MANUALLY_SEPARATE}
+    assert shipped.escalation.times > 0
+
+
+def test_the_reference_spellings_of_levels_are_accepted(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "codes:\n  8C1F8608: {level: NotHandleFault}\n  80E18005: {level: ManuallySeparateNPU}\n",
+    )
+    table = CodeTable.load(path)
+    assert table.level_for(FaultKind.DEVICE, "8C1F8608") is FaultLevel.NOT_HANDLE
+    assert table.level_for(FaultKind.DEVICE, "80E18005") is FaultLevel.MANUALLY_SEPARATE
 
 
 def test_every_kind_has_a_default_level() -> None:
