@@ -1,8 +1,8 @@
-# The seed's manager.py with its import path changed; node_nums and proc_per_node (XX in the
-# seed) are those of examples/job.yaml: 2 nodes x 2 training processes.
+# The seed's manager.py as it is; node_nums and proc_per_node (XX in the seed) are those of
+# examples/job.yaml: 2 nodes x 2 training processes.
 import os
 
-from unbroken.compat.taskd import init_taskd_manager, start_taskd_manager
+from taskd.api import init_taskd_manager, start_taskd_manager
 
 job_id = os.getenv("MINDX_TASK_ID")
 node_nums = 2  # Total number of task nodes

@@ -1,7 +1,9 @@
 """The package's shape: it imports one way (each part of ``src/unbroken`` imports only parts
 below it, and no module imports itself back through others, not even through an import inside
 a function), and no module grows past :data:`MAX_LINES` (a file that long holds more than one
-concept: split it along a seam). Read from the source (ast): nothing is imported."""
+concept: split it along a seam). The top-level packages installed beside it for the seed's
+import paths (:data:`FACADES`) sit above it: they may import it, it never imports them. Read from
+the source (ast): nothing is imported."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ pytestmark = pytest.mark.unit
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 MAX_LINES = 800
+PACKAGE = "unbroken"
+#: Top-level packages beside the package, for the seed's import paths (``src/taskd``).
+FACADES = ("taskd",)
 
 #: The parts of the package from the bottom up; a part may import its own layer's other parts
 #: only where the entry says so (``ALSO``), and any part of a layer below.
@@ -40,9 +45,10 @@ ALSO = {
 }
 
 
-def modules() -> dict[str, Path]:
+def modules(*packages: str) -> dict[str, Path]:
+    """The modules of the top-level ``packages`` (default: the package itself) by name."""
     out = {}
-    for path in SRC.rglob("*.py"):
+    for path in (p for package in packages or (PACKAGE,) for p in (SRC / package).rglob("*.py")):
         parts = path.relative_to(SRC).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
@@ -73,8 +79,8 @@ def layer(name: str) -> int:
     return next(i for i, parts in enumerate(LAYERS) if name in parts)
 
 
-def graph() -> dict[str, set[str]]:
-    known = modules()
+def graph(*packages: str) -> dict[str, set[str]]:
+    known = modules(*packages)
     return {m: imports(p, known) - {m} for m, p in known.items()}
 
 
@@ -88,6 +94,21 @@ def upward(g: Mapping[str, set[str]]) -> set[str]:
             if layer(b) > layer(a) or (layer(b) == layer(a) and (a, b) not in ALSO):
                 out.add(f"{m} -> {d}")
     return out
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def into_facades(g: Mapping[str, set[str]]) -> set[str]:
+    """``m -> d`` for every module ``m`` of the package that imports a facade's module ``d``."""
+    return {
+        f"{m} -> {d}"
+        for m, deps in g.items()
+        if top(m) == PACKAGE
+        for d in deps
+        if top(d) in FACADES
+    }
 
 
 def circles(g: Mapping[str, set[str]]) -> list[list[str]]:
@@ -144,6 +165,15 @@ def test_the_checks_find_what_they_look_for() -> None:
     g = {"unbroken.agent.a": {"unbroken.manager.b"}, "unbroken.manager.b": {"unbroken.agent.a"}}
     assert upward(g) == {"unbroken.agent.a -> unbroken.manager.b"}
     assert circles(g) == [["unbroken.agent.a", "unbroken.manager.b"]]
+    g = {"taskd.api": {"unbroken.compat.taskd"}, "unbroken.compat.taskd": {"taskd.api"}}
+    assert into_facades(g) == {"unbroken.compat.taskd -> taskd.api"}
+
+
+def test_the_facades_import_the_package_and_it_never_imports_them() -> None:
+    g = graph(PACKAGE, *FACADES)
+    for facade in FACADES:
+        assert any(top(d) == PACKAGE for m, deps in g.items() if top(m) == facade for d in deps)
+    assert into_facades(g) == set()
 
 
 def test_no_module_is_longer_than_the_limit() -> None:

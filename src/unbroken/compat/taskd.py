@@ -1,13 +1,22 @@
-"""The seed's TaskD Python API over Unbroken: a TaskD script runs with its imports changed.
+"""The seed's TaskD Python API over Unbroken: a TaskD script runs with its imports unchanged.
 
 The seed starts a TaskD Manager from the rank-0 pod (``manager.py``) and a TaskD Worker in
-every training process. Both imports now come from this one module::
+every training process. Its import lines work as written: Unbroken installs a top-level
+``taskd`` package whose ``taskd.api``, ``taskd.api.taskd_manager_api`` and
+``taskd.api.taskd_worker_api`` re-export the functions of this module (the same objects)::
 
-    -from taskd.api import init_taskd_manager, start_taskd_manager
-    +from unbroken.compat.taskd import init_taskd_manager, start_taskd_manager
+    from taskd.api import init_taskd_manager, start_taskd_manager
+    from taskd.api.taskd_worker_api import init_taskd_worker, start_taskd_worker
 
-    -from taskd.api.taskd_worker_api import init_taskd_worker, start_taskd_worker
-    +from unbroken.compat.taskd import init_taskd_worker, start_taskd_worker
+Importing them from here, ``from unbroken.compat.taskd import ...``, works too. The seed's other
+TaskD lines need nothing either (details in :mod:`taskd`): the ``sed`` that puts ``import
+taskd.python.adaptor.patch`` into torchrun's ``run.py`` may stay, as that module patches
+nothing (the pods' launcher is ``unbroken launch``, which carries what TaskD's patch adds to
+torchrun). ``LD_PRELOAD`` of ``libtaskd.so`` is not needed under Unbroken, which ships no such
+library: delete the seed's ``TASKD_SO_PATH=...`` and ``export LD_PRELOAD=...`` lines or keep
+them. As written they preload nothing (``pip show taskd`` finds no distribution named
+``taskd``, so the path is empty); a libtaskd.so path written by hand makes the dynamic loader
+print one ``cannot be preloaded ... ignored`` line per process, which then runs on.
 
 The arguments mean what they mean in the seed; what the calls do differs where Unbroken's
 architecture differs, and they say so rather than pretend:
@@ -21,7 +30,11 @@ architecture differs, and they say so rather than pretend:
   says how to start one.
 - **Worker.** Under an Unbroken agent the worker's duties (heartbeat, step commit, stop at a
   step boundary, in-process recovery) are the hooks of the training session,
-  ``unbroken.worker.init(...)``; :func:`start_taskd_worker` confirms the agent is there.
+  ``unbroken.worker.init(...)``; :func:`start_taskd_worker` confirms the agent is there and
+  creates no session. A script that calls only this API has none: the run says once that the
+  in-process rungs are unavailable to it (``RungsUnavailable``), and its faults are recovered
+  by restarting its processes (in-pod restart, pod- and job-level rescheduling), which resume
+  from its own checkpoint.
 
 Every function returns a bool like the seed's and never raises: a problem is logged as an
 error naming the argument, the value and what is allowed. With no logging configured (the

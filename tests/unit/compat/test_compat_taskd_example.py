@@ -1,4 +1,4 @@
-"""The seed's manager.py, imports changed (examples/taskd/manager.py), as its own process: errors
+"""The seed's manager.py as it is (examples/taskd/manager.py), as its own process: errors
 on stderr without a traceback, and inside a live run it waits until the run ends. The module
 stays light enough to run beside training (no torch, no grpc)."""
 

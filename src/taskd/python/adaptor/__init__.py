@@ -1,0 +1,1 @@
+"""The seed's ``taskd.python.adaptor``: only :mod:`taskd.python.adaptor.patch`."""
