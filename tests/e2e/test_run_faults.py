@@ -200,3 +200,35 @@ def test_exception_in_a_rank_is_reported_with_its_text_and_recovered(
     assert of_kind(incident, "StateLoaded", generation=1, step=20), incident
     # The summary names the fault the way the ledger does.
     assert "exception fault InjectedFault (f1)" in res.stdout, res.stdout
+
+
+def test_fault_scheduling_force_deletes_the_faulty_pod_at_once(
+    run_dir: Path, fault_free: Reference, tmp_path: Path
+) -> None:
+    """``fault-scheduling: force``: the pod of an isolating device fault is deleted without a
+    grace period (its processes are killed, not asked to stop) and placed on the spare node."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        replace={
+            STEP_SLEEP: SLOW_STEP_SLEEP,
+            'fault-scheduling: "grace"': 'fault-scheduling: "force"',
+        },
+    )
+    res = run_job(
+        run_dir,
+        "--cluster",
+        FIXTURES / "cluster-fast-watch.yaml",
+        "--chaos",
+        FIXTURES / "device-isolate.yaml",
+        job=job,
+    )
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, run_dir, fault_free)
+    incident = the_incident(events(run_dir))
+    assert incident[1]["strategy"] == "pod-rescheduling", incident[1]
+    assert "grace_s=None" in str(incident[1]["commands"]), incident[1]
+    (stopped,) = of_kind(incident, "PodsStopped")
+    assert stopped["pods"] == [WORKER] and not stopped["graceful"], stopped
+    assert [(e["pod"], e["node"]) for e in of_kind(incident, "PodPlaced", generation=1)] == [
+        (WORKER, "node-2")
+    ]
