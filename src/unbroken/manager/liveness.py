@@ -8,6 +8,9 @@ only those whose order stream broke (a scan of 10k pods every tick was a tenth o
 manager's CPU); a small job looks at all every tick. Many agents silent at once with their
 streams open say more of the control plane (its host stalled, its own backlog) than of the
 nodes: more than a tenth of a large job's pods silent in one check wait up to a second limit.
+Nor does a stall of the manager itself count against the agents: when its loop did not run for
+:data:`MANAGER_STALL_S` (its process stopped, its host paused), their silence counts from the
+moment it runs again, while it reads the heartbeats that queued meanwhile.
 
 :class:`AgentWatch` returns the pods it finds lost; the loop ends them and tells the detector.
 """
@@ -26,6 +29,8 @@ log = logging.getLogger(__name__)
 #: How often a large job's manager looks at every agent's silence (a node that hangs with its
 #: order stream open is lost after three heartbeat intervals, 60 s at 10k nodes).
 AGENTS_SCAN_S = 1.0
+#: A gap between two checks this long means the manager itself did not run.
+MANAGER_STALL_S = 1.0
 
 
 class AgentWatch:
@@ -48,6 +53,9 @@ class AgentWatch:
         self._next_full_at = 0.0
         #: An agent silent beyond :meth:`quiet_s` at the last full check of the agents.
         self._long_silent = False
+        self._checked_at: float | None = None
+        #: When the manager ran again after a stall of its own: silence counts from there.
+        self._awake_at = 0.0
 
     @property
     def small(self) -> bool:
@@ -73,6 +81,13 @@ class AgentWatch:
     def lost(self, now: float) -> list[tuple[PodProcess, str]]:
         """The pods whose agents are lost now, each marked lost, with why."""
         opt = self.ctx.options
+        if self._checked_at is not None and now - self._checked_at > MANAGER_STALL_S:
+            log.warning(
+                "the manager did not run for %.1f s: the agents' silence counts from now",
+                now - self._checked_at,
+            )
+            self._awake_at = now
+        self._checked_at = now
         full = self.small or now >= self._next_full_at
         if full:
             self._next_full_at = now + AGENTS_SCAN_S
@@ -90,7 +105,8 @@ class AgentWatch:
                 if now - pod.started_at > opt.agent_start_timeout_s:
                     found.append((pod, "its agent never reported"))
                 continue
-            silent = now - pod.last_heartbeat_at
+            heard_at = max(pod.last_heartbeat_at, self._awake_at)
+            silent = now - heard_at
             if full and silent > quiet_s:
                 self._long_silent = True
             broken_at = self.streams_broken.get((pod.pod, pod.pid))
@@ -104,7 +120,7 @@ class AgentWatch:
             limit = self.silence_s
             if not pod.rank_pids and not self.small:
                 limit = max(limit, opt.agent_start_timeout_s)
-            quiet = None if broken_at is None else now - max(broken_at, pod.last_heartbeat_at)
+            quiet = None if broken_at is None else now - max(broken_at, heard_at)
             over = silent > opt.agent_timeout_s and silent > limit
             broke = quiet is not None and quiet > opt.agent_timeout_s
             if over and (broke or self.small or silent > 2 * limit):
@@ -135,12 +151,13 @@ class AgentWatch:
             quiet_s = self.quiet_s()
             return any(
                 not (p.finished or p.stopped or p.lost)
-                and (s := now - p.last_heartbeat_at) > 0.5
+                and (s := now - max(p.last_heartbeat_at, self._awake_at)) > 0.5
                 and (s > quiet_s or (p.pod, p.pid) in self.streams_broken)
                 for p in self.engine.pods.values()
             )
         # the agents silent that long were counted by the last full check
         return self._long_silent or any(
-            not (p.finished or p.stopped or p.lost) and now - p.last_heartbeat_at > 0.5
+            not (p.finished or p.stopped or p.lost)
+            and now - max(p.last_heartbeat_at, self._awake_at) > 0.5
             for p in self._broken_stream_pods()
         )

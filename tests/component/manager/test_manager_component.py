@@ -630,3 +630,25 @@ def test_a_free_restart_device_still_bound_is_reset_when_the_job_is_over(
         ("node-2", 1),
         ("node-0", 0),
     ]
+
+
+def test_a_stall_of_the_manager_itself_does_not_lose_the_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manager's loop did not run for 5 s (its process stopped): the agents' heartbeats of
+    that time are still queued, so their silence counts from when it runs again; an agent still
+    silent past the limit after that is lost."""
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER)
+    placement_as_edges(job)
+    a0, a1 = job.agents
+    for a in (a0, a1):
+        a.beat(Phase.TRAINING, committed=10)
+    job.tick()
+    job.tick(5.0)
+    assert job.events("FaultDetected") == [] and not any(p.lost for p in job.m.engine.pods.values())
+    for i in range(120):  # only one agent beats from now on
+        if i % 10 == 0:
+            a0.beat(Phase.TRAINING, committed=11)
+        job.tick(0.05)
+    lost = [(f["source"], f["pods"]) for f in job.events("FaultDetected")]
+    assert lost == [("node-lost", [PODS[1]])], lost
