@@ -92,7 +92,10 @@ class JobTarget:
                 raise ValueError(f"rank {rank} has no pod on a joined host now")
             registry.order(pod.node, {"kind": SIGNAL, "pid": pid, "sig": int(sig)})
             return
-        os.kill(pid, sig)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # it ended since the manager last heard of it
+            raise ValueError(f"rank {rank} (pid {pid}) is not running now") from None
 
     def return_node(self, node: str) -> str:
         """A node taken out of the pool is back (``unbroken inject node --clear``): pods may

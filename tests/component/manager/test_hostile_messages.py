@@ -226,6 +226,7 @@ def test_any_mutation_of_any_message_leaves_the_run_going(
     @example(message=(HEARTBEAT, _with_record(committed=math.inf, step_time_s=math.nan)))
     @example(message=(HELLO, {**BASES[0][1], "pid": 1e999}))
     @example(message=("Inject", {"kind": "kill", "rank": math.inf}))
+    @example(message=("Inject", {"kind": "kill", "rank": 0}))  # its process gone meanwhile
     @example(message=("Release", {"node": "node-9", "device": -math.inf}))
     @example(message=(REPORT, {**_report(STRANGER, PodStopped())[1], "agent_pid": 10**400}))
     def hostile(message: tuple[str, Any]) -> None:
