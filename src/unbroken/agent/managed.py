@@ -88,6 +88,7 @@ from unbroken.protocol.messages import (
 )
 from unbroken.rpc import ControlClient, RpcError
 from unbroken.rpc.tls import CredentialsError, read_credentials
+from unbroken.spec.injected_env import switched_off
 from unbroken.worker.linkfault import LinkFaultError
 
 log = logging.getLogger(__name__)
@@ -413,9 +414,15 @@ class ManagedAgent:
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> int:
+        # The reference's agent-side switches, as this pod runs with them: the rungs they turn
+        # off are off for the job (the manager says so once).
+        off = tuple((str(rung), why) for rung, why in switched_off(os.environ).items())
         reply = self._send(
             AgentHello(
-                pid=os.getpid(), node_rank=self.args.node_rank, nproc=self.args.nproc_per_node
+                pid=os.getpid(),
+                node_rank=self.args.node_rank,
+                nproc=self.args.nproc_per_node,
+                switched_off=off,
             )
         )
         if not reply:

@@ -20,6 +20,7 @@ from unbroken.manager.inprocess import InProcess
 from unbroken.manager.layout import JobLayout
 from unbroken.manager.pool import Pool
 from unbroken.manager.scaling import Elastic
+from unbroken.manager.switches import switched
 from unbroken.policy import Feasibility
 
 #: Why ranks without an Unbroken session cannot be repaired in process (a plain torchrun
@@ -71,6 +72,7 @@ def feasibility(
         pod_may_pend=pool.may_pend(faults),
         elastic_possible=in_process and not elastic_off,
         elastic_off=elastic_off,
+        switched_off=switched(inprocess.engine.pods.values()),
     )
 
 

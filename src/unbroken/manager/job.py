@@ -81,6 +81,7 @@ from unbroken.manager.sessionless import Sessionless
 from unbroken.manager.snapshot import RunOutcome, StopRequested, job_status
 from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
+from unbroken.manager.switches import Switches
 from unbroken.manager.targets import JobTarget
 from unbroken.policy import FaultReported, ReplacementReady, RungSucceeded
 from unbroken.policy import Tick as PolicyTick
@@ -233,8 +234,8 @@ class JobManager:
         self.fired_chaos: set[int] = set()
         self.milestones = Milestones(job.world_size, self.opt.progress_every)
         self._phase_changed = False  # a heartbeat changed a rank's phase since the last tick
-        # A plain torchrun script: no session, no step.
         self.sessionless = Sessionless(ctx, self.gens, self.milestones, self.incidents)
+        self.switches = Switches(ctx)  # and rungs a pod's environment turns off
         self.outcome: RunOutcome | None = None
         self.endpoints = Endpoints(ctx, self.inbox)
         self.injector = Injector(JobTarget(ctx, self.engine, self.pool, self.gens))
@@ -440,7 +441,7 @@ class JobManager:
                 match report:
                     case AgentHello():
                         assert msg.reply is not None
-                        msg.reply.put(encode_answer(self._hello(sender, heard)))
+                        msg.reply.put(encode_answer(self._hello(sender, report, heard)))
                     case AgentHeartbeat():
                         self._heartbeat(sender, report, heard)
                     case _:
@@ -474,13 +475,13 @@ class JobManager:
             "called unbroken.worker.init); nothing was trained",
         )
 
-    def _hello(self, sender: Sender, heard_at: float) -> HelloAnswer:
+    def _hello(self, sender: Sender, hello: AgentHello, heard_at: float) -> HelloAnswer:
         pod = self._pod_of(sender)
         if pod is None or pod.stopped:
             log.warning("refused the hello of %s (agent pid %s)", sender.pod, sender.agent_pid)
             return HelloAnswer(ok=False, error="unknown or replaced pod")
-        pod.hello_at = self.clock()
-        pod.last_heartbeat_at = heard_at
+        pod.hello_at, pod.last_heartbeat_at = self.clock(), heard_at
+        self.switches.heard(pod, hello.switched_off)
         return HelloAnswer(
             ok=True, generation=pod.generation, join=pod.join, heartbeat_s=self.heartbeat_s
         )

@@ -48,6 +48,7 @@ class PodProcess:
     lost: bool = False
     join: JoinFrom | None = None  # ranks start as replacements, state from a replica
     without_session: tuple[int, ...] = ()  # ranks that exited 0 without an Unbroken session
+    switched_off: tuple[tuple[str, str], ...] = ()  # rungs its environment turns off (hello)
 
     @property
     def pid(self) -> int:

@@ -58,7 +58,9 @@ Process level, only when ``recover-strategy`` is present, ``process-recover-enab
 ``pause``), ``fault-scheduling=grace`` and every rank stopped outside the optimizer update:
 
 - L0  any of these missing: no process-level rung; straight to the exit path (the reason says
-  which condition was missing).
+  which condition was missing). A rung a pod's own environment switches off
+  (``Feasibility.switched_off``: ``PROCESS_RECOVER``, ``TASKD_PROCESS_ENABLE``,
+  ``ENABLE_RESTART_FAULT_PROCESS``) is skipped with that setting as the reason, ``dump`` too.
 - L1  ``retry``: every fault retryable (``device-memory`` or ``link``, level at most
   ``RestartBusiness``) and names its ranks; a healthy replica exists. ``RetryOnline(ranks)``.
 - L2  ``recover-in-place``: every fault a ``process-exit`` or ``exception`` at most

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from unbroken.faults import Fault
+from unbroken.spec.knobs import Strategy
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Feasibility:
     elastic_possible: bool = False  # the job can continue without the lost data-parallel replica
     elastic_off: str = ""  # why it cannot, when the manager knows (the rank-0 pod, the minimum)
     process_off: str = ""  # why no rank can be repaired in process, when the manager knows
+    #: Rungs a pod's own environment turns off (PROCESS_RECOVER, ...), each with why.
+    switched_off: tuple[tuple[Strategy, str], ...] = ()
 
 
 @dataclass(frozen=True)

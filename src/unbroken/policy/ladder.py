@@ -117,6 +117,7 @@ def dump_feasible(feasibility: Feasibility, config: FaultHandling) -> bool:
     return (
         process_gate(config) is None
         and Strategy.DUMP in config.strategies
+        and Strategy.DUMP not in dict(feasibility.switched_off)
         and feasibility.replica_for_lost_state
         and feasibility.outside_update
     )
@@ -149,9 +150,13 @@ def _process_rungs(
     sub_health = any(f.level is FaultLevel.SUB_HEALTH for f in faults)
     rungs: list[Rung] = []
 
+    switched = dict(feasibility.switched_off)
+
     def consider(strategy: Strategy, rung: Rung, problems: list[str]) -> None:
         if strategy not in configured or (below is not None and rung.order <= below.order):
             return
+        if strategy in switched:
+            problems = [f"switched off by {switched[strategy]}"]
         if problems:
             why_not.append(f"{strategy}: {', '.join(problems)}")
         else:

@@ -9,7 +9,9 @@ receiver matches on types (``match report: case RankExited(): ...``), never on s
 Wire shapes (unchanged from the dicts sent before this module existed):
 
 - every report carries its :class:`Sender` (``pod``, ``agent_pid``, ``generation``, ``at``);
-- ``AgentHello`` adds ``pid``, ``node_rank``, ``nproc``; its answer is a :class:`HelloAnswer`;
+- ``AgentHello`` adds ``pid``, ``node_rank``, ``nproc`` and, when the pod's environment turns
+  rungs off, ``switched_off`` (rung -> the setting that does); its answer is a
+  :class:`HelloAnswer`;
 - ``AgentHeartbeat`` adds ``ranks``: one row per rank, ``rank``/``pid``/``alive`` and, once
   the rank wrote a heartbeat record, the record's fields (:class:`RankProgress`);
 - ``AgentReport`` adds ``event`` (``ranks-started``, ``ranks-rejoined``, ``rank-exited``,
@@ -60,6 +62,7 @@ from unbroken.protocol.wire import (
 
 #: The unary methods agents call on the control plane, and the agents' command stream.
 HELLO = "AgentHello"
+SWITCHED_MAX = 8  # rungs a hello may name as switched off
 HEARTBEAT = "AgentHeartbeat"
 REPORT = "AgentReport"
 COMMANDS = "AgentCommands"
@@ -84,6 +87,9 @@ class AgentHello:
     pid: int
     node_rank: int
     nproc: int
+    #: Rungs the pod's own environment turns off (``PROCESS_RECOVER``, ...), with the setting
+    #: that does: (rung, setting) pairs (:func:`unbroken.spec.injected_env.switched_off`).
+    switched_off: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -280,8 +286,10 @@ def encode_report(sender: Sender, report: Report) -> JsonObj:
         "generation": sender.generation,
     }
     match report:
-        case AgentHello(pid=pid, node_rank=node_rank, nproc=nproc):
+        case AgentHello(pid=pid, node_rank=node_rank, nproc=nproc, switched_off=off):
             body.update(pid=pid, node_rank=node_rank, nproc=nproc)
+            if off:
+                body["switched_off"] = dict(off)
         case AgentHeartbeat(ranks=ranks):
             rows = []
             for r in ranks:
@@ -399,6 +407,7 @@ def decode_report(method: str, body: Mapping[str, Any]) -> tuple[Sender, Report]
             pid=integer(body, "pid", what, 1, PID_MAX),
             node_rank=integer(body, "node_rank", what, 0, RANK_MAX),
             nproc=integer(body, "nproc", what, 1, RANK_MAX),
+            switched_off=_switched_off(body, what),
         )
     if method == HEARTBEAT:
         rows = listed(body, "ranks", what)
@@ -406,6 +415,14 @@ def decode_report(method: str, body: Mapping[str, Any]) -> tuple[Sender, Report]
     if method != REPORT:
         raise ProtocolError(f"{show(method)} is not a method agents call")
     return sender, _event(body, what)
+
+
+def _switched_off(body: Mapping[str, Any], what: str) -> tuple[tuple[str, str], ...]:
+    """A hello's ``switched_off``: at most :data:`SWITCHED_MAX` rung names, each with a text."""
+    value = obj(body.get("switched_off", {}), f"{what} switched_off")
+    if len(value) > SWITCHED_MAX:
+        raise ProtocolError(f"{what}: switched_off names more than {SWITCHED_MAX} rungs")
+    return tuple((text({"k": k}, "k", what), text(value, k, what)) for k in value)
 
 
 def _rank(body: Mapping[str, Any], what: str, key: str = "rank") -> int:

@@ -14,9 +14,18 @@ empty in the seed).
 ``ELASTIC_PROCESS_RECOVER_ENABLE`` is injected as the seed says, for training code written
 against the Elastic Agent; that agent is sunset (its material is removed in the release of
 2026-12-30) and Unbroken's own agent does not read it.
+
+The switches the reference's agent side reads, Unbroken's agent (``unbroken launch``) reads
+from the environment its pod runs with (:func:`switched_off`), and the job manager honours what
+they turn off for the whole job: ``PROCESS_RECOVER`` other than ``on`` and
+``TASKD_PROCESS_ENABLE=off`` turn every process-level rung off, ``ENABLE_RESTART_FAULT_PROCESS``
+other than ``on`` turns ``recover-in-place`` off. A variable that is not set turns nothing off:
+the job's strategies decide.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from unbroken.spec.envknobs import TftSwitch, format_ms_enable_tft
 from unbroken.spec.knobs import Framework, Strategy
@@ -44,6 +53,14 @@ _TFT = {
     Strategy.RECOVER: (TftSwitch.ARF,),
     Strategy.DUMP: (TftSwitch.TTP,),
 }
+#: The rungs ``PROCESS_RECOVER`` and ``TASKD_PROCESS_ENABLE`` switch: every process-level one.
+PROCESS_RUNGS = (
+    Strategy.RETRY,
+    Strategy.RECOVER_IN_PLACE,
+    Strategy.RECOVER,
+    Strategy.ELASTIC_TRAINING,
+    Strategy.DUMP,
+)
 _ELASTIC_AGENT = frozenset(
     {Strategy.RETRY, Strategy.RECOVER_IN_PLACE, Strategy.RECOVER, Strategy.DUMP}
 )
@@ -92,3 +109,24 @@ def injected_env(
         if switches:
             env["MS_ENABLE_TFT"] = format_ms_enable_tft(switches)
     return env
+
+
+def switched_off(environ: Mapping[str, str]) -> dict[Strategy, str]:
+    """The rungs a pod's own environment turns off, each with the setting that does (the
+    first that applies, in the order ``TASKD_PROCESS_ENABLE``, ``PROCESS_RECOVER``,
+    ``ENABLE_RESTART_FAULT_PROCESS``)."""
+    off: dict[Strategy, str] = {}
+    switches: tuple[tuple[str, tuple[Strategy, ...], str], ...] = (
+        ("TASKD_PROCESS_ENABLE", PROCESS_RUNGS, "off"),  # off turns them off
+        ("PROCESS_RECOVER", PROCESS_RUNGS, "on"),  # anything but on turns them off
+        ("ENABLE_RESTART_FAULT_PROCESS", (Strategy.RECOVER_IN_PLACE,), "on"),
+    )
+    for name, rungs, word in switches:
+        value = environ.get(name)
+        if value is None:
+            continue
+        value = value.strip()
+        if (value == "off") if word == "off" else (value != "on"):
+            for rung in rungs:
+                off.setdefault(rung, f"{name}={value}")
+    return off

@@ -652,3 +652,28 @@ def test_a_stall_of_the_manager_itself_does_not_lose_the_agents(
         job.tick(0.05)
     lost = [(f["source"], f["pods"]) for f in job.events("FaultDetected")]
     assert lost == [("node-lost", [PODS[1]])], lost
+
+
+def test_a_rung_a_pods_environment_switches_off_is_skipped_for_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker pod's agent says its environment has ENABLE_RESTART_FAULT_PROCESS=off: the
+    run says once that recover-in-place is off, and a killed rank of the other pod goes to the
+    next rung, recover, with the setting as the reason."""
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER_IN_PLACE, Strategy.RECOVER)
+    placement_as_edges(job)
+    a0, a1 = job.agents
+    off = (("recover-in-place", "ENABLE_RESTART_FAULT_PROCESS=off"),)
+    for _ in range(2):  # a second hello (a restarted agent) says nothing new
+        a1.send(AgentHello(pid=a1.pid, node_rank=1, nproc=2, switched_off=off))
+    (said,) = job.events("RungsUnavailable")
+    assert said["ranks"] == [2, 3] and said["rungs"] == ["recover-in-place"], said
+    assert "ENABLE_RESTART_FAULT_PROCESS=off" in said["reason"], said
+    a0.send(RankExited(rank=1, pid=2001, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
+    job.tick()
+    (decision,) = job.events("DecisionMade")
+    assert decision["strategy"] == "recover", decision
+    assert (
+        "recover-in-place: switched off by ENABLE_RESTART_FAULT_PROCESS=off in pod "
+        f"{PODS[1]}" in decision["reason"]
+    ), decision

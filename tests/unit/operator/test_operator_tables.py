@@ -11,7 +11,7 @@ from unbroken.operator import Mode, plan
 from unbroken.operator.podenv import hot_switch_env
 from unbroken.spec import ClusterSpec, DevicePlugin, HotReset, load_cluster, parse_job
 from unbroken.spec.envknobs import parse_ms_enable_tft
-from unbroken.spec.injected_env import injected_env
+from unbroken.spec.injected_env import PROCESS_RUNGS, injected_env, switched_off
 from unbroken.spec.knobs import Framework, Strategy
 
 pytestmark = pytest.mark.unit
@@ -259,3 +259,31 @@ def test_missing_fault_retry_times_is_reported_not_invented() -> None:
     (row,) = [r for r in result.required if r.parameter == "fault-retry-times"]
     assert (row.present, row.value, row.source) == (False, None, "missing")
     assert any("fault-retry-times: not set" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize(
+    ("environ", "off"),
+    [
+        ({}, {}),
+        ({"PROCESS_RECOVER": "on", "ENABLE_RESTART_FAULT_PROCESS": "on"}, {}),
+        ({"TASKD_PROCESS_ENABLE": "on"}, {}),
+        (
+            {"PROCESS_RECOVER": "off"},
+            {s: "PROCESS_RECOVER=off" for s in PROCESS_RUNGS},
+        ),
+        (
+            {"TASKD_PROCESS_ENABLE": " off ", "PROCESS_RECOVER": "off"},
+            {s: "TASKD_PROCESS_ENABLE=off" for s in PROCESS_RUNGS},
+        ),
+        (
+            {"PROCESS_RECOVER": "on", "ENABLE_RESTART_FAULT_PROCESS": "off"},
+            {Strategy.RECOVER_IN_PLACE: "ENABLE_RESTART_FAULT_PROCESS=off"},
+        ),
+        ({"PROCESS_RECOVER": "yes"}, {s: "PROCESS_RECOVER=yes" for s in PROCESS_RUNGS}),
+    ],
+)
+def test_switches_a_pods_environment_turns_off(
+    environ: dict[str, str], off: dict[Strategy, str]
+) -> None:
+    assert switched_off(environ) == off
+    assert Strategy.EXIT not in switched_off(environ)

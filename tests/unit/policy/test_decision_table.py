@@ -524,6 +524,35 @@ ROWS = {
         Recovering,
         rung_is(Rung.RECOVER_IN_PLACE, NOW + 120.0),
     ),
+    "L2-switched-off": Row(
+        Running(),
+        fault(
+            crash(),
+            switched_off=(
+                (Strategy.RECOVER_IN_PLACE, "ENABLE_RESTART_FAULT_PROCESS=off in pod worker-1"),
+            ),
+        ),
+        proc(Strategy.RECOVER_IN_PLACE, Strategy.RECOVER),
+        (RecoverOnSpare("worker-1", (3,), (), ()),),
+        "recover (worker-1) (skipped: recover-in-place: switched off by "
+        "ENABLE_RESTART_FAULT_PROCESS=off in pod worker-1)",
+        Recovering,
+        rung_is(Rung.RECOVER, NOW + 270.0),
+    ),
+    "L1-all-switched-off": Row(
+        Running(),
+        fault(
+            uce(),
+            switched_off=tuple(
+                (s, "PROCESS_RECOVER=off in pod worker-1")
+                for s in (Strategy.RETRY, Strategy.RECOVER, Strategy.DUMP)
+            ),
+        ),
+        proc(Strategy.RETRY, Strategy.RECOVER, Strategy.DUMP),
+        (ReschedulePods(("worker-1",), (), (), 30.0),),
+        "retry: switched off by PROCESS_RECOVER=off in pod worker-1",
+        Recovering,
+    ),
     "L2-too-old": Row(
         Running(),
         fault(crash(), fault_age_s=61.0),

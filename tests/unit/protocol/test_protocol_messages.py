@@ -104,6 +104,12 @@ REPORTS: list[Report] = [
     RankHung(rank=3, pid=78, silent_s=0.9, timeout_s=0.6, last_tick_at=1767225599.6),
     PodFinished(without_session=(3,)),
     PodStopped(),
+    AgentHello(
+        pid=4242,
+        node_rank=1,
+        nproc=2,
+        switched_off=(("retry", "PROCESS_RECOVER=off"), ("recover", "PROCESS_RECOVER=off")),
+    ),
 ]
 
 
@@ -131,7 +137,8 @@ def test_a_renumbered_rank_keeps_its_job_rank_and_its_world_rank() -> None:
 def test_reports_travel_by_their_method() -> None:
     assert method_of(REPORTS[0]) == HELLO
     assert method_of(REPORTS[1]) == HEARTBEAT
-    assert {method_of(r) for r in REPORTS[2:]} == {REPORT}
+    assert {method_of(r) for r in REPORTS[2:-1]} == {REPORT}
+    assert method_of(REPORTS[-1]) == HELLO
 
 
 def test_the_wire_keeps_its_shape() -> None:
@@ -206,6 +213,23 @@ def test_the_hello_answer_survives_its_codec(answer: HelloAnswer) -> None:
             "cosmic-ray",
         ),
         (HEARTBEAT, {"pod": "p", "agent_pid": 1, "ranks": [{"rank": 1}]}, "pid"),
+        (
+            HELLO,
+            {"pod": "p", "agent_pid": 1, "pid": 1, "node_rank": 0, "nproc": 1, "switched_off": 1},
+            "switched_off",
+        ),
+        (
+            HELLO,
+            {
+                "pod": "p",
+                "agent_pid": 1,
+                "pid": 1,
+                "node_rank": 0,
+                "nproc": 1,
+                "switched_off": {str(i): "x" for i in range(9)},
+            },
+            "more than 8",
+        ),
         (REPORT, {"agent_pid": 1, "event": "pod-stopped"}, "pod"),
         ("AgentGossip", {"pod": "p", "agent_pid": 1}, "AgentGossip"),
     ],
