@@ -140,3 +140,30 @@ def test_a_manually_separated_device_stays_out_until_an_operator_releases_it(
     assert (fault["code"], fault["level"]) == ("80E3A201", "ManuallySeparate"), fault
     returned = [(e["node"], e["device"], e["reason"]) for e in of_kind(evs, "DeviceReturned")]
     assert returned == [("node-1", 1, "released by an operator")], returned
+
+
+def test_a_restart_request_code_restarts_only_the_rank_on_that_device(
+    run_dir: Path, fault_free: Reference, tmp_path: Path
+) -> None:
+    """RestartRequest on rank 3's device: the step must be redone, the device needs no reset
+    and stays in the pool, so ``recover-in-place`` gives rank 3 a new process on the same
+    device and the other ranks keep theirs."""
+    job = write_job(tmp_path / "job.yaml", job=IN_PLACE, replace={STEP_SLEEP: "--step-sleep=0.05"})
+    res = run_job(
+        run_dir,
+        "--cluster",
+        FIXTURES / "cluster-fast-watch.yaml",
+        "--chaos",
+        FIXTURES / "device-restart-request.yaml",
+        job=job,
+    )
+    assert res.rc == 0, res.explain()
+    assert "step 60/60; 1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == fault_free.digest, "the recovered model differs from the fault-free"
+    evs = events(run_dir)
+    (fault,) = of_kind(evs, "FaultDetected")
+    assert (fault["code"], fault["level"], fault["ranks"]) == ("80C98009", "RestartRequest", [3])
+    assert decision_of(evs, fault["fault_id"])["strategy"] == "recover-in-place"
+    restarted = of_kind(evs, "ProcessesStarted", generation=1)
+    assert [r for e in restarted for r in e["ranks"]] == [3], restarted
+    assert not of_kind(evs, "DeviceIsolated") and not of_kind(evs, "DeviceResetStarted")

@@ -292,7 +292,9 @@ class RungsUnavailable(Event):
     without an Unbroken session (a plain torchrun script that never calls
     ``unbroken.worker.init``), so the process-level rungs are not available (``rungs``: those
     its ``recover-strategy`` configures, empty when none) and faults fall to in-pod restarts
-    and pod- and job-level rescheduling."""
+    and pod- and job-level rescheduling; or the environment of the pod of ``ranks`` switches
+    ``rungs`` off (``PROCESS_RECOVER``, ``TASKD_PROCESS_ENABLE``,
+    ``ENABLE_RESTART_FAULT_PROCESS``: :mod:`unbroken.manager.switches`)."""
 
     ranks: tuple[int, ...]
     rungs: tuple[str, ...]
