@@ -135,7 +135,8 @@ def build_join_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=IFNAME",
         help="a network plane the ranks' collectives may use, in order of preference (give "
-        "two or more for link failover; the job enables it with MS_ENABLE_TFT TSP:1)",
+        "two or more for link failover; the job enables it with MS_ENABLE_TFT TSP:1, or for "
+        "PyTorch with retry and HCCL_OP_RETRY_ENABLE on at L1)",
     )
     return p
 

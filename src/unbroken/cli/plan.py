@@ -123,6 +123,11 @@ def render(result: Plan) -> str:
     in_process = [r for r in result.ladder if r in IN_PROCESS_RUNGS]
     if in_process:
         out.append(f"  {', '.join(in_process)}: {IN_PROCESS_NOTE}")
+    if fh.link_failover:
+        out.append(
+            "  link failover on: the collectives move to the next network plane when theirs "
+            "fails (planes: unbroken launch --join --plane NAME=IFNAME)"
+        )
     out.append("")
     modes = sorted(
         {r.mode for r in result.required}, key=lambda m: [r.mode for r in result.required].index(m)

@@ -361,12 +361,26 @@ def read_fault_handling(
         ),
         op_retry=op_retry,
         framework=framework,
-        link_failover=_link_failover(knobs),
+        link_failover=_link_failover(knobs, framework, strategies, op_retry),
     )
 
 
-def _link_failover(knobs: dict[str, EnvValue]) -> bool:
-    """``MS_ENABLE_TFT``'s ``TSP:1`` (a malformed value is reported by ``_env_knobs``)."""
+def _link_failover(
+    knobs: dict[str, EnvValue],
+    framework: Framework,
+    strategies: tuple[Strategy, ...],
+    op_retry: OpRetry,
+) -> bool:
+    """Link failover is on with ``MS_ENABLE_TFT``'s ``TSP:1`` (a malformed value is reported by
+    ``_env_knobs``), or, for PyTorch, with the seed's configuration of "suspension and
+    switchback for link failover communication": process-level online recovery (``retry``)
+    and operator retry between nodes (``HCCL_OP_RETRY_ENABLE`` with ``L1:1``)."""
+    if (
+        framework is Framework.PYTORCH
+        and Strategy.RETRY in strategies
+        and op_retry.applies_to(RetryLevel.L1)
+    ):
+        return True
     item = knobs.get("MS_ENABLE_TFT")
     if item is None:
         return False

@@ -148,8 +148,9 @@ class FaultHandling:
     monitor_interval_s: float = MONITOR_INTERVAL_S_DEFAULT
     op_retry: OpRetry = field(default_factory=OpRetry)
     framework: Framework = Framework.PYTORCH
-    #: ``MS_ENABLE_TFT`` ``TSP:1``: switch the collectives to another network plane when
-    #: theirs goes down, and back when it is healthy (:mod:`unbroken.policy.planes`).
+    #: Switch the collectives to another network plane when theirs goes down, and back when
+    #: it is healthy (:mod:`unbroken.policy.planes`): ``MS_ENABLE_TFT`` ``TSP:1``, or the
+    #: seed's PyTorch configuration (``retry`` with ``HCCL_OP_RETRY_ENABLE`` on at ``L1``).
     link_failover: bool = False
 
     @property

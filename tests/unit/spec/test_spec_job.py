@@ -136,6 +136,30 @@ def test_env_knobs_are_read(tmp_path: Path) -> None:
     assert job.fault_handling.decision_wait_s == 120.0
 
 
+_OP_RETRY_L1 = (
+    '                - name: HCCL_OP_RETRY_ENABLE\n                  value: "L0:0, L1:1, L2:1"'
+)
+_TSP = '                - name: MS_ENABLE_TFT\n                  value: "{TSP:1}"'
+
+
+@pytest.mark.parametrize(
+    ("strategy", "env", "on"),
+    [
+        ("retry", _OP_RETRY_L1, True),  # the seed's PyTorch configuration
+        ("retry,recover", _OP_RETRY_L1, True),
+        ("retry", "", False),  # no operator retry between nodes
+        ("recover", _OP_RETRY_L1, False),  # no online recovery
+        ("retry", _OP_RETRY_L1.replace("L1:1", "L1:0"), False),
+        ("recover", _TSP, True),  # the MindSpore switch, honoured for PyTorch too
+    ],
+)
+def test_link_failover_is_on_with_the_seeds_configuration(
+    tmp_path: Path, strategy: str, env: str, on: bool
+) -> None:
+    job = load_job(write(tmp_path, job_text(strategy=strategy, env=env)))
+    assert job.fault_handling.link_failover is on
+
+
 # --- bad input, one class per test ------------------------------------------------------------
 
 
