@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,7 @@ from tests.support.cli_runs import (
     status,
     unbroken,
     wait_for,
+    write_job,
 )
 from tests.support.netns_hosts import PLANE_IFNAMES, Hosts, hosts
 from tests.support.process_helpers import started_ranks
@@ -75,102 +78,148 @@ def _reset_plane_links(h: Hosts, i: int, plane: int) -> None:
     assert done.returncode == 0 and done.stdout.strip(), (done.stdout, done.stderr)
 
 
-def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_process(
-    tmp_path: Path, run_dir: Path, fault_free: Reference
-) -> None:
+@dataclass
+class Served:
+    """``unbroken serve`` on the root namespace's plane-B address, and the two hosts' agents
+    joined to it, each declaring planes a and b."""
+
+    serve: subprocess.Popen[str]
+    lines: list[str]
+    agents: list[subprocess.Popen[str]]
+
+    def said(self, text: str, times: int = 1) -> bool:
+        return sum(text in line for line in list(self.lines)) >= times
+
+    def finish(self) -> str:
+        """Wait for the run's end; its standard output (it must have exited 0)."""
+        self.serve.wait(timeout=RUN_TIMEOUT_S)
+        err = self.serve.stderr.read() if self.serve.stderr else ""
+        out = "".join(self.lines)
+        assert self.serve.returncode == 0, (out, err)
+        for a in self.agents:
+            a.wait(timeout=30)
+            assert a.returncode == 0, a.communicate()
+        return out
+
+
+@contextlib.contextmanager
+def served(h: Hosts, tmp_path: Path, run_dir: Path, job: Path) -> Iterator[Served]:
     token = tmp_path / "token"
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("nodes: 2\ndevicesPerNode: 2\n")
-    with hosts(2, planes=2) as h:
-        control = f"{h.root_address(1)}:{_free_port()}"
-        argv = [sys.executable, "-m", "unbroken", "serve", str(JOB), "--cluster", str(cluster)]
-        argv += ["--listen", control, "--token-file", str(token), "--run-dir", str(run_dir)]
-        serve = subprocess.Popen(
-            argv,
-            env=cli_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=tmp_path,
-        )
-        lines: list[str] = []
-        assert serve.stdout is not None
-        reader = threading.Thread(target=lambda: lines.extend(serve.stdout or ()), daemon=True)
-        reader.start()
+    control = f"{h.root_address(1)}:{_free_port()}"
+    argv = [sys.executable, "-m", "unbroken", "serve", str(job), "--cluster", str(cluster)]
+    argv += ["--listen", control, "--token-file", str(token), "--run-dir", str(run_dir)]
+    serve = subprocess.Popen(
+        argv, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    run = Served(serve, [], [])
+    assert serve.stdout is not None
+    reader = threading.Thread(target=lambda: run.lines.extend(serve.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: (run_dir / "control.json").exists(), "the control plane", 60.0)
+        run.agents.extend(_join(h, i, control, token) for i in range(2))
+        ckpt = run_dir / "checkpoints"
+        wait_for(lambda: ckpt.is_dir() and any(ckpt.iterdir()), "a checkpoint", 120.0)
+        yield run
+    finally:
+        for proc in (serve, *run.agents):
+            if proc.poll() is None:
+                proc.kill()
+        serve.wait()
+        reader.join(timeout=10)
+        for a in run.agents:
+            a.communicate()
+        for i in range(2):
+            _kill_host(h, i)
 
-        def said(text: str, times: int = 1) -> bool:
-            return sum(text in line for line in list(lines)) >= times
 
-        agents: list[subprocess.Popen[str]] = []
-        try:
-            wait_for(lambda: (run_dir / "control.json").exists(), "the control plane", 60.0)
-            agents = [_join(h, i, control, token) for i in range(2)]
-            ckpt = run_dir / "checkpoints"
-            wait_for(lambda: ckpt.is_dir() and any(ckpt.iterdir()), "a checkpoint", 120.0)
-            # 1. Host 1's links on plane A are reset with every carrier up: the failed
-            # collective is the plane's, the job fails over to B and holds plane A suspect.
-            _reset_plane_links(h, 1, plane=0)
-            wait_for(lambda: said("failover to plane b done"), "the first failover", 60.0)
-            # 2. An operator sends the job back to plane A.
-            res = unbroken("link", "switchback", "--run", run_dir)
-            assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
-            # 3. Host 1's plane-A link down: failover to B. While it is down, a switchback is
-            # refused, saying why; training goes on over plane B.
-            h.set_link(1, up=False, plane=0)
-            wait_for(lambda: said("failover to plane b done", 2), "the second failover", 60.0)
-            res = unbroken("link", "switchback", "--run", run_dir)
-            assert res.rc == 1, res.explain()
-            assert res.stderr == "unbroken link switchback: plane a is down on node-1\n"
-            # 4. Plane A up again: the automatic switchback after 5 s up on every node.
-            h.set_link(1, up=True, plane=0)
-            wait_for(lambda: said("switchback to plane a done", 2), "the switchback", 60.0)
-            serve.wait(timeout=RUN_TIMEOUT_S)
-            reader.join(timeout=10)
-            err = serve.stderr.read() if serve.stderr else ""
-            out = "".join(lines)
-            assert serve.returncode == 0, (out, err)
-            assert "job e2e-planes: SUCCEEDED" in out, out
-            # The failed collective is a fault, recovered by the failover; a plane down is not.
-            assert "1 fault(s), 1 recovery(ies)" in out, out
-            for a in agents:
-                a.wait(timeout=30)
-                assert a.returncode == 0, a.communicate()
+def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_process(
+    tmp_path: Path, run_dir: Path, fault_free: Reference
+) -> None:
+    with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, JOB) as run:
+        said = run.said
+        # 1. Host 1's links on plane A are reset with every carrier up: the failed
+        # collective is the plane's, the job fails over to B and holds plane A suspect.
+        _reset_plane_links(h, 1, plane=0)
+        wait_for(lambda: said("failover to plane b done"), "the first failover", 60.0)
+        # 2. An operator sends the job back to plane A.
+        res = unbroken("link", "switchback", "--run", run_dir)
+        assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
+        # 3. Host 1's plane-A link down: failover to B. While it is down, a switchback is
+        # refused, saying why; training goes on over plane B.
+        h.set_link(1, up=False, plane=0)
+        wait_for(lambda: said("failover to plane b done", 2), "the second failover", 60.0)
+        res = unbroken("link", "switchback", "--run", run_dir)
+        assert res.rc == 1, res.explain()
+        assert res.stderr == "unbroken link switchback: plane a is down on node-1\n"
+        # 4. Plane A up again: the automatic switchback after 5 s up on every node.
+        h.set_link(1, up=True, plane=0)
+        wait_for(lambda: said("switchback to plane a done", 2), "the switchback", 60.0)
+        out = run.finish()
+    assert "job e2e-planes: SUCCEEDED" in out, out
+    # The failed collective is a fault, recovered by the failover; a plane down is not.
+    assert "1 fault(s), 1 recovery(ies)" in out, out
+    evs = events(run_dir)
+    [on_fault, failover] = of_kind(evs, "PlaneFailover")
+    [by_hand, back] = of_kind(evs, "PlaneSwitchback")
+    switches = [
+        (e["from_plane"], e["to"], e["planned"]) for e in (on_fault, by_hand, failover, back)
+    ]
+    assert switches == [("a", "b", False), ("b", "a", True)] * 2
+    assert on_fault["reason"].startswith("a collective failed on plane a ("), on_fault
+    assert by_hand["reason"] == "operator command: switch to plane a", by_hand
+    assert failover["reason"] == "plane a down on node-1: failover to plane b", failover
+    assert back["reason"].startswith("plane a up on every node for "), back
+    [fault] = of_kind(evs, "FaultDetected")
+    assert fault["source"] == "link", fault
+    [done] = of_kind(evs, "RecoveryCompleted")
+    assert (done["fault_id"], done["strategy"]) == (fault["fault_id"], "link-failover")
+    pauses = [e["pause_s"] for e in (on_fault, by_hand, failover, back)]
+    assert all(0 < p < 30 for p in pauses), pauses
+    # A step committed over plane B while host 1's plane A was down.
+    [down] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=False)
+    [_, up] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=True)
+    assert down["at"] < failover["at"] < up["at"] < back["at"]
+    # Every rank's process was started once: every switch regrouped in process.
+    assert started_ranks(evs) == [0, 1, 2, 3]
+    st = status(run_dir)
+    assert st is not None
+    planes = {k: st["planes"][k] for k in ("active", "failovers", "switchbacks", "down")}
+    assert planes == {"active": "a", "failovers": 2, "switchbacks": 2, "down": []}
+    assert digest(run_dir) == fault_free.digest
 
-            evs = events(run_dir)
-            [on_fault, failover] = of_kind(evs, "PlaneFailover")
-            [by_hand, back] = of_kind(evs, "PlaneSwitchback")
-            switches = [
-                (e["from_plane"], e["to"], e["planned"])
-                for e in (on_fault, by_hand, failover, back)
-            ]
-            assert switches == [("a", "b", False), ("b", "a", True)] * 2
-            assert on_fault["reason"].startswith("a collective failed on plane a ("), on_fault
-            assert by_hand["reason"] == "operator command: switch to plane a", by_hand
-            assert failover["reason"] == "plane a down on node-1: failover to plane b", failover
-            assert back["reason"].startswith("plane a up on every node for "), back
-            [fault] = of_kind(evs, "FaultDetected")
-            assert fault["source"] == "link", fault
-            [done] = of_kind(evs, "RecoveryCompleted")
-            assert (done["fault_id"], done["strategy"]) == (fault["fault_id"], "link-failover")
-            pauses = [e["pause_s"] for e in (on_fault, by_hand, failover, back)]
-            assert all(0 < p < 30 for p in pauses), pauses
-            # A step committed over plane B while host 1's plane A was down.
-            [down] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=False)
-            [_, up] = of_kind(evs, "PlaneChanged", node="node-1", plane="a", up=True)
-            assert down["at"] < failover["at"] < up["at"] < back["at"]
-            # Every rank's process was started once: every switch regrouped in process.
-            assert started_ranks(evs) == [0, 1, 2, 3]
-            st = status(run_dir)
-            assert st is not None
-            planes = {k: st["planes"][k] for k in ("active", "failovers", "switchbacks", "down")}
-            assert planes == {"active": "a", "failovers": 2, "switchbacks": 2, "down": []}
-            assert digest(run_dir) == fault_free.digest
-        finally:
-            for p in (serve, *agents):
-                if p.poll() is None:
-                    p.kill()
-            serve.wait()
-            for a in agents:
-                a.communicate()
-            for i in range(2):
-                _kill_host(h, i)
+
+def test_the_seeds_pytorch_configuration_turns_link_failover_on(
+    tmp_path: Path, run_dir: Path, fault_free: Reference
+) -> None:
+    """The same job configured as the seed's PyTorch scenario ("suspension and switchback for
+    link failover communication": ``retry`` and ``HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1"``,
+    no ``MS_ENABLE_TFT``): host 1's plane-A link down moves the job to plane B, and it comes
+    back by itself once the link is up, every process kept."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=JOB,
+        replace={
+            'recover-strategy: "retry,recover"': 'recover-strategy: "retry"',
+            '- name: MS_ENABLE_TFT\n                  value: "{TSP:1}"': (
+                '- name: HCCL_OP_RETRY_ENABLE\n                  value: "L0:0, L1:1, L2:1"'
+            ),
+        },
+    )
+    with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, job) as run:
+        assert run.said("link failover on"), run.lines
+        h.set_link(1, up=False, plane=0)
+        wait_for(lambda: run.said("failover to plane b done"), "the failover", 60.0)
+        h.set_link(1, up=True, plane=0)
+        wait_for(lambda: run.said("switchback to plane a done"), "the switchback", 60.0)
+        out = run.finish()
+    assert "job e2e-planes: SUCCEEDED" in out, out
+    evs = events(run_dir)
+    [failover] = of_kind(evs, "PlaneFailover")
+    assert failover["reason"] == "plane a down on node-1: failover to plane b", failover
+    [back] = of_kind(evs, "PlaneSwitchback")
+    assert back["reason"].startswith("plane a up on every node for "), back
+    assert started_ranks(evs) == [0, 1, 2, 3]
+    assert digest(run_dir) == fault_free.digest
