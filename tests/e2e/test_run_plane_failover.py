@@ -223,3 +223,33 @@ def test_the_seeds_pytorch_configuration_turns_link_failover_on(
     assert back["reason"].startswith("plane a up on every node for "), back
     assert started_ranks(evs) == [0, 1, 2, 3]
     assert digest(run_dir) == fault_free.digest
+
+
+def test_a_slow_plane_is_sub_healthy_and_left_without_a_fault(
+    tmp_path: Path, run_dir: Path, fault_free: Reference
+) -> None:
+    """Host 1's plane-A link slowed to 8 Mbit/s (``tc`` token bucket; its carrier stays up):
+    the gradients' communication takes many times its time on plane A, the plane is recorded
+    sub-healthy, and the job moves to plane B at a step boundary, every process kept and no
+    fault for the ladder; plane A is held slow (no switchback by itself) until an operator
+    switches back."""
+    with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, JOB) as run:
+        h.set_rate(1, "8mbit", plane=0)
+        wait_for(lambda: run.said("failover to plane b done"), "the move off plane a", 90.0)
+        h.set_rate(1, None, plane=0)
+        assert not run.said("switchback to plane a"), run.lines
+        res = unbroken("link", "switchback", "--run", run_dir)
+        assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
+        out = run.finish()
+    assert "job e2e-planes: SUCCEEDED" in out, out
+    assert "0 fault(s), 0 recovery(ies)" in out, out
+    evs = events(run_dir)
+    [slow] = of_kind(evs, "PlaneSubHealthy")
+    assert slow["plane"] == "a" and slow["comm_s"] > 3 * slow["baseline_s"], slow
+    [moved] = of_kind(evs, "PlaneFailover")
+    assert (moved["from_plane"], moved["to"], moved["planned"]) == ("a", "b", True), moved
+    assert "plane a slow" in moved["reason"] and "(sub-health)" in moved["reason"], moved
+    [back] = of_kind(evs, "PlaneSwitchback")
+    assert back["reason"] == "operator command: switch to plane a", back
+    assert started_ranks(evs) == [0, 1, 2, 3]
+    assert digest(run_dir) == fault_free.digest

@@ -86,6 +86,17 @@ class Hosts:
         """Take host i's link on ``plane`` down (``ip link set DEV down``) or up again."""
         _ip("link", "set", self.host_veth(i, plane), "up" if up else "down")
 
+    def set_rate(self, i: int, rate: str | None, plane: int = 0) -> None:
+        """Slow host i's link on ``plane`` down to ``rate`` (``tc`` token bucket on the traffic
+        towards it, e.g. ``"8mbit"``), or lift the limit (None). The carrier stays up."""
+        dev = self.host_veth(i, plane)
+        if rate is None:
+            argv = ["tc", "qdisc", "del", "dev", dev, "root"]
+        else:
+            argv = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate]
+            argv += ["burst", "32kbit", "latency", "400ms"]
+        subprocess.run(argv, check=True, capture_output=True, timeout=10)
+
     def argv(self, i: int, cmd: Sequence[str]) -> list[str]:
         """``cmd`` run inside host i's namespace."""
         return ["ip", "netns", "exec", self.ns(i), *cmd]

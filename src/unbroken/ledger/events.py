@@ -416,6 +416,18 @@ class PlaneChanged(Event):
 
 
 @dataclass(frozen=True)
+class PlaneSubHealthy(Event):
+    """The job's active network plane ``plane`` was found slow (sub-health, policy row P11):
+    the part of each step the ranks waited on their gradients alone took ``comm_s`` against
+    ``baseline_s`` on that plane, ``steps`` steps in a row."""
+
+    plane: str
+    comm_s: float
+    baseline_s: float
+    steps: int
+
+
+@dataclass(frozen=True)
 class PlaneFailover(Event):
     """Every rank regrouped in its own process over plane ``to``, leaving ``from_plane``;
     generation ``generation`` committed ``step`` first. ``planned``: an operator's command

@@ -106,8 +106,9 @@ class Executor:
         #: Commands held back by a ``BackOff`` (a fault recurred without progress) or a device
         #: reset: when they are due, and what they are. A newer rung's decision replaces them.
         self.held: tuple[float, tuple[Command, ...]] | None = None
-        #: Link failover between network planes (MS_ENABLE_TFT TSP:1): every rank regroups
-        #: over another plane in its own process (unbroken.manager.planes).
+        #: Link failover between network planes (unbroken.spec.knobs.FaultHandling.
+        #: link_failover): every rank regroups over another plane in its own process
+        #: (unbroken.manager.planes), when the active plane fails or is slow.
         self.planes = PlaneSwitcher(
             PlaneConfig(enabled=ctx.fh.link_failover),
             ctx.ledger,
@@ -115,6 +116,7 @@ class Executor:
             busy=self._plane_switch_waits,
             cut=self._cut_plane,
             begin=self.rejoin_in_place,
+            ranks=lambda: self.gens.ranks,
         )
 
     # ---- the policy -------------------------------------------------------------------

@@ -22,13 +22,15 @@ again on the next tick), and is given up after :data:`SWITCH_TIMEOUT_S` without 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from unbroken.ledger import Ledger, PlaneChanged, PlaneFailover, PlaneSwitchback
+from unbroken.ledger import Ledger, PlaneChanged, PlaneFailover, PlaneSubHealthy, PlaneSwitchback
 from unbroken.manager.console import Console
+from unbroken.manager.progress import RankView
 from unbroken.policy.planes import (
     CollectiveFailed,
+    CommWatch,
     PlaneCommand,
     PlaneConfig,
     PlaneDecision,
@@ -70,6 +72,7 @@ class PlaneSwitcher:
         busy: Callable[[], bool],
         cut: Callable[[str], None],
         begin: Callable[[float], None],
+        ranks: Callable[[], Mapping[int, RankView]] = dict,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -77,8 +80,10 @@ class PlaneSwitcher:
         self._busy = busy
         self._cut = cut
         self._begin = begin
+        self._ranks = ranks
         self.state = Planes()
         self.switch: _Switch | None = None
+        self.comm = CommWatch()
 
     @property
     def active(self) -> str:
@@ -108,7 +113,37 @@ class PlaneSwitcher:
             self._feed(PlaneSwitched(to=sw.to, ok=False), now)
             return
         if self.state.names:
-            self._feed(PlaneTick(now=now), now)
+            self.observe(self._ranks(), now)
+            if self.switch is None:
+                self._feed(PlaneTick(now=now), now)
+
+    def observe(self, ranks: Mapping[int, RankView], now: float) -> None:
+        """The ranks' newest committed step, as far as the active plane's speed goes: the
+        median of what they waited on their gradients alone (P11: a slow plane is left)."""
+        if not self.state.names or self.switch is not None:
+            return
+        live = [v for v in ranks.values() if v.alive and v.session and v.committed > 0]
+        if not live:
+            return
+        step = max(v.committed for v in live)
+        waits = sorted(v.comm_time_s for v in live if v.committed == step)
+        if len(waits) < len(live):
+            return  # not every rank has committed it yet
+        slow = self.comm.observe(self.state.active, step, waits[len(waits) // 2])
+        if slow is None:
+            return
+        base = self.comm.baseline_s or 0.0
+        self.ledger.record(
+            PlaneSubHealthy(
+                plane=slow.plane,
+                comm_s=waits[len(waits) // 2],
+                baseline_s=base,
+                steps=self.comm.slow_steps,
+            )
+        )
+        d = self._feed(replace(slow, at=now), now)
+        if d.command is None:
+            self.console.line(d.reason)
 
     def command(self, to: str, now: float) -> PlaneDecision:
         """An operator's switch (``to`` empty: back to the preferred plane); the decision

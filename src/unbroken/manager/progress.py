@@ -27,6 +27,7 @@ class RankView:
     start_step: int = -1
     step_time_s: float = 0.0
     compute_time_s: float = 0.0  # step ``committed - 1``: start -> gradient collective; 0: unknown
+    comm_time_s: float = 0.0  # step ``committed - 1``: last gradient bucket -> all reduced
     tick_at: float = 0.0
     comm_ready_at: float = 0.0
     state_loaded_at: float = 0.0
@@ -55,6 +56,7 @@ class RankView:
         self.start_step = rec.start_step
         self.step_time_s = rec.step_time_s
         self.compute_time_s = rec.compute_time_s
+        self.comm_time_s = rec.comm_time_s
         self.tick_at = rec.tick_at
         self.comm_ready_at = rec.comm_ready_at
         self.state_loaded_at = rec.state_loaded_at

@@ -8,8 +8,10 @@ store stay on the address the host joined by, so a plane going down never cuts a
 control plane. The switch itself is a regroup in every rank's own process (the executor's
 rejoin): no process restarts, no step trained twice.
 
-The job enables it with ``MS_ENABLE_TFT``'s ``TSP:1``. Planes are *healthy* when they are up on
-every node that declared them; a node's plane is up while its interface has carrier.
+The job enables it with ``MS_ENABLE_TFT``'s ``TSP:1``, or for PyTorch with ``retry`` and
+``HCCL_OP_RETRY_ENABLE`` on at ``L1`` (the seed's configuration). Planes are *healthy* when
+they are up on every node that declared them; a node's plane is up while its interface has
+carrier.
 
 Decision table (row ids are the unit tests')
 ============================================
@@ -45,6 +47,13 @@ Decision table (row ids are the unit tests')
   without planes). A suspect plane is not failed over to and not switched back to by itself
   (its carrier says nothing about it); a report of it coming up after going down, or an
   operator's command to it, clears the suspicion.
+- P11 ``PlaneSlow``: the active plane is sub-healthy: the job's collectives on it have taken
+  ``SLOW_FACTOR`` times their own time on it (:class:`CommWatch`, from the part of each step
+  the ranks wait on their gradients alone) for ``SLOW_STEPS`` steps in a row, carrier up.
+  With failover on, no switch under way and another plane healthy: the plane becomes suspect
+  (as in P10) and ``SwitchPlane(planned=True)`` moves the job off it at a step boundary:
+  nothing failed, no fault for the ladder. Otherwise no command (training goes on, slowly;
+  the reason says why).
 """
 
 from __future__ import annotations
@@ -55,6 +64,15 @@ from types import MappingProxyType
 
 #: How long the preferred plane must stay up on every node before the automatic switchback.
 SWITCHBACK_HOLD_S_DEFAULT = 5.0
+#: A plane is slow (P11) when a step's exposed communication takes this many times its
+#: baseline on that plane, and at least SLOW_MIN_EXTRA_S more (a fast network's jitter is not
+#: sub-health), for SLOW_STEPS steps in a row. The baseline is the median of BASELINE_STEPS
+#: steps after the first WARMUP_STEPS on the plane.
+SLOW_FACTOR = 3.0
+SLOW_MIN_EXTRA_S = 0.05
+SLOW_STEPS = 3
+BASELINE_STEPS = 5
+WARMUP_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -148,7 +166,63 @@ class PlaneSwitched:
     ok: bool
 
 
-PlaneEvent = PlaneReported | PlaneTick | PlaneCommand | PlaneSwitched | CollectiveFailed
+@dataclass(frozen=True)
+class PlaneSlow:
+    """The active ``plane`` is slow: its collectives take ``ratio`` times their baseline
+    (``what`` says by how much, for the reason)."""
+
+    plane: str
+    ratio: float
+    what: str
+    at: float
+
+
+PlaneEvent = PlaneReported | PlaneTick | PlaneCommand | PlaneSwitched | CollectiveFailed | PlaneSlow
+
+
+@dataclass
+class CommWatch:
+    """The exposed communication of the job's steps on the active plane, against that plane's
+    own baseline (P11). :meth:`observe` takes one value per committed step (the median of
+    the ranks' ``comm_time_s``) and says when the plane has been slow for SLOW_STEPS steps."""
+
+    plane: str = ""
+    baseline_s: float | None = None
+    samples: list[float] = field(default_factory=list)
+    slow_steps: int = 0
+    last_step: int = -1
+    said: bool = False
+
+    def observe(self, plane: str, step: int, comm_s: float) -> PlaneSlow | None:
+        if plane != self.plane:  # a new plane: a new baseline
+            self.plane, self.baseline_s, self.samples = plane, None, []
+            self.slow_steps, self.said = 0, False
+            self.last_step = step  # the step of the switch is not the plane's own
+            return None
+        if step <= self.last_step or comm_s <= 0.0:
+            return None
+        self.last_step = step
+        if self.baseline_s is None:
+            self.samples.append(comm_s)
+            measured = self.samples[WARMUP_STEPS:]
+            if len(measured) >= BASELINE_STEPS:
+                self.baseline_s = sorted(measured)[len(measured) // 2]
+            return None
+        base = self.baseline_s
+        if comm_s > max(SLOW_FACTOR * base, base + SLOW_MIN_EXTRA_S):
+            self.slow_steps += 1
+        else:
+            self.slow_steps, self.said = 0, False
+        if self.slow_steps < SLOW_STEPS or self.said:
+            return None
+        self.said = True
+        ratio = comm_s / base if base > 0 else float("inf")
+        what = (
+            f"plane {plane} slow: the gradients' communication took {comm_s * 1000:.0f} ms "
+            f"a step, {ratio:.1f}x its {base * 1000:.0f} ms on this plane, "
+            f"{self.slow_steps} steps in a row"
+        )
+        return PlaneSlow(plane=plane, ratio=ratio, what=what, at=0.0)
 
 
 @dataclass(frozen=True)
@@ -179,6 +253,8 @@ def decide_plane(state: Planes, event: PlaneEvent, config: PlaneConfig) -> Plane
             return _command(state, to or state.names[0], config)
         case CollectiveFailed(where=where):
             return _collective_failed(state, where, config)
+        case PlaneSlow(plane=plane, what=what):
+            return _slow(state, plane, what, config)
         case PlaneSwitched(to=to, ok=ok):
             done = replace(state, switching=None)
             if not ok:
@@ -209,7 +285,7 @@ def _reported(
 
 def _failover(state: Planes, what: str, config: PlaneConfig) -> PlaneDecision:
     if not config.enabled:  # P3
-        return PlaneDecision(state, None, f"{what}; link failover is off (MS_ENABLE_TFT TSP:0)")
+        return PlaneDecision(state, None, f"{what}; link failover is off for this job")
     to = next((p for p in state.names if p != state.active and state.healthy(p)), None)
     if to is None:  # P3
         return PlaneDecision(state, None, f"{what}; no other plane is up on every node")
@@ -231,6 +307,21 @@ def _collective_failed(state: Planes, where: str, config: PlaneConfig) -> PlaneD
     if d.command is None:
         return replace(d, refused=True)
     return replace(d, state=replace(d.state, suspect=state.suspect | {state.active}))
+
+
+def _slow(state: Planes, plane: str, what: str, config: PlaneConfig) -> PlaneDecision:
+    if plane != state.active or state.switching is not None:
+        return PlaneDecision(state, None, f"{what}; not the active plane, or a switch is under way")
+    to = next((p for p in state.names if p != plane and state.healthy(p)), None)
+    if not config.enabled or to is None:
+        why = "link failover is off" if not config.enabled else "no other plane is healthy"
+        return PlaneDecision(state, None, f"{what} (sub-health); {why}: training goes on")
+    reason = f"{what} (sub-health): switch to plane {to}"
+    return PlaneDecision(  # P11
+        replace(state, switching=to, suspect=state.suspect | {plane}),
+        SwitchPlane(to=to, planned=True, reason=reason),
+        reason,
+    )
 
 
 def _tick(state: Planes, now: float, config: PlaneConfig) -> PlaneDecision:
@@ -259,7 +350,10 @@ def _tick(state: Planes, now: float, config: PlaneConfig) -> PlaneDecision:
 def _command(state: Planes, to: str, config: PlaneConfig) -> PlaneDecision:
     why = ""
     if not config.enabled:
-        why = "link failover is off for this job (MS_ENABLE_TFT TSP:1 turns it on)"
+        why = (
+            "link failover is off for this job (MS_ENABLE_TFT TSP:1 turns it on, or for "
+            "PyTorch retry with HCCL_OP_RETRY_ENABLE on at L1)"
+        )
     elif to not in state.names:
         why = f"plane {to!r} is not one of the job's ({', '.join(state.names)})"
     elif state.switching is not None:
@@ -282,12 +376,14 @@ def _command(state: Planes, to: str, config: PlaneConfig) -> PlaneDecision:
 __all__ = [
     "SWITCHBACK_HOLD_S_DEFAULT",
     "CollectiveFailed",
+    "CommWatch",
     "PlaneCommand",
     "PlaneConfig",
     "PlaneDecision",
     "PlaneEvent",
     "PlaneHealth",
     "PlaneReported",
+    "PlaneSlow",
     "PlaneSwitched",
     "PlaneTick",
     "Planes",

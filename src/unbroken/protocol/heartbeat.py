@@ -127,6 +127,8 @@ class HeartbeatRecord:
     dump_failed_at: float = 0.0  # when this rank's last attempt at last words failed
     # Stragglers (format version 3): the part of a step this rank computes alone
     compute_time_s: float = 0.0  # step ``committed - 1``: start -> gradient collective; 0: unknown
+    # Network planes (in version 3's reserved padding: a record by an older writer reads 0.0)
+    comm_time_s: float = 0.0  # step ``committed - 1``: its last gradient bucket -> all reduced
 
 
 # Field name -> struct code, in file order. Integers are signed 64-bit, stamps are doubles.

@@ -100,6 +100,10 @@ class GradSync:
         #: the rank's own compute of the step ends there, and what follows is waiting for its
         #: peers' gradients. A straggler's comes late (:mod:`unbroken.policy.straggler`).
         self.backward_done_at = 0.0
+        #: When this step's gradient collectives were all done (``time.monotonic()``; 0.0: not
+        #: yet): from ``backward_done_at`` to here the rank waited on the network alone, the
+        #: part of the communication no compute hides (slow on a slow network plane).
+        self.grads_done_at = 0.0
         self._reset_round()
 
     @classmethod
@@ -183,6 +187,7 @@ class GradSync:
         self.failure = None
         self.step = step
         self.backward_done_at = 0.0
+        self.grads_done_at = 0.0
         self._reset_round()
 
     def _reset_round(self) -> None:
@@ -255,6 +260,7 @@ class GradSync:
                     except Exception as e:  # runs on the backend's thread: must not raise
                         self._fail(e)
                         return buffer.zero_()
+                    self.grads_done_at = max(self.grads_done_at, time.monotonic())
                     return buffer.div_(world_size)
 
                 averaged: torch.futures.Future[torch.Tensor] = work.get_future().then(average)
@@ -278,6 +284,7 @@ class GradSync:
                             "reached the communication hook"
                         )
                     self._finish()
+                    self.grads_done_at = time.monotonic()
             except Exception as e:
                 self._fail(e)
         if self.failure is not None:
@@ -306,6 +313,7 @@ class GradSync:
                             "reached the communication hook"
                         )
                     self._finish_retrying()
+                    self.grads_done_at = time.monotonic()
             except Exception as e:
                 self._fail(e)
         if self.failure is not None:

@@ -377,11 +377,14 @@ class Session:
 
     def _commit(self, step: int) -> None:
         elapsed_s = time.monotonic() - self._step_began
+        comm_s = 0.0
         if self._compute_s == 0.0 and self._recovery is not None:
             # DDP: the all-reduce runs inside backward; the compute ends at its last bucket.
-            done = self._recovery.sync.backward_done_at
+            sync = self._recovery.sync
+            done = sync.backward_done_at
             if done > self._step_began:
                 self._compute_s = done - self._step_began
+                comm_s = max(0.0, sync.grads_done_at - done) if sync.grads_done_at else 0.0
         self._committed = step + 1
         if self._first_commit:
             self._step_time_s = elapsed_s
@@ -395,6 +398,7 @@ class Session:
                     committed_at=now,
                     step_time_s=self._step_time_s,
                     compute_time_s=self._compute_s,
+                    comm_time_s=comm_s,
                     first_commit_at=now,
                 )
             else:
@@ -403,6 +407,7 @@ class Session:
                     committed_at=now,
                     step_time_s=self._step_time_s,
                     compute_time_s=self._compute_s,
+                    comm_time_s=comm_s,
                 )
         self._first_commit = False
 

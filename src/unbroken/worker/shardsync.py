@@ -139,6 +139,7 @@ class ShardSync:
     #: When the step's compute ended, as DDP's hook tells it (0: unknown): FSDP's collectives
     #: run between the modules' compute, so no one point of the step ends it.
     backward_done_at = 0.0
+    grads_done_at = 0.0  # nor when its gradients are all reduced
 
     def __init__(self, model: torch.nn.Module, mesh: DeviceMesh, timeout_s: float) -> None:
         self.model = model

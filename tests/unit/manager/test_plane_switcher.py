@@ -12,6 +12,7 @@ import pytest
 from unbroken.ledger import Ledger
 from unbroken.manager.console import Console
 from unbroken.manager.planes import SWITCH_TIMEOUT_S, PlaneSwitcher
+from unbroken.manager.progress import RankView
 from unbroken.policy.planes import PlaneConfig
 
 pytestmark = pytest.mark.unit
@@ -116,3 +117,31 @@ def test_failover_off_records_the_loss_and_leaves_the_ranks_alone(ledger: Ledger
     assert ex.calls == [] and sw.active == "a"
     assert len(_kinds(ledger, "PlaneChanged")) == 5
     assert sw.command("b", 201.0).reason.startswith("link failover is off")
+
+
+def test_a_slow_active_plane_is_recorded_and_left_at_a_step_boundary(ledger: Ledger) -> None:
+    """The ranks' exposed communication grows tenfold on plane a: after three slow steps the
+    plane is recorded sub-healthy and the ranks pause to regroup over b (nothing is cut:
+    no collective failed)."""
+    ex = Executor()
+    views = {r: RankView(rank=r, pid=100 + r, generation=0, session=True) for r in range(4)}
+    sw = PlaneSwitcher(
+        PlaneConfig(enabled=True, hold_s=5.0),
+        ledger,
+        Console(out=io.StringIO()),
+        busy=lambda: ex.busy,
+        cut=lambda plane: ex.calls.append(("cut", plane)),
+        begin=lambda now: ex.calls.append(("pause", now)),
+        ranks=lambda: views,
+    )
+    _up(sw, 100.0)
+    comm = [0.01] * 8 + [0.2] * 3
+    for step, wait_s in enumerate(comm, start=1):
+        for v in views.values():
+            v.committed, v.comm_time_s = step, wait_s
+        sw.tick(100.0 + step)
+    (found,) = _kinds(ledger, "PlaneSubHealthy")
+    assert found == {"plane": "a", "comm_s": 0.2, "baseline_s": 0.01, "steps": 3}, found
+    assert ex.calls == [("pause", 111.0)], "a slow plane is not cut, only left"
+    assert sw.switch is not None and sw.switch.to == "b" and sw.switch.planned
+    assert sw.state.suspect == frozenset({"a"})

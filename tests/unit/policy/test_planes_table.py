@@ -9,10 +9,12 @@ import pytest
 import unbroken.policy.planes as planes_module
 from unbroken.policy.planes import (
     CollectiveFailed,
+    CommWatch,
     PlaneCommand,
     PlaneConfig,
     PlaneReported,
     Planes,
+    PlaneSlow,
     PlaneSwitched,
     PlaneTick,
     SwitchPlane,
@@ -58,7 +60,7 @@ def test_p2_the_active_plane_down_fails_over_to_the_first_healthy_plane() -> Non
 @pytest.mark.parametrize(
     ("config", "b_up", "why"),
     [
-        (OFF, True, "link failover is off (MS_ENABLE_TFT TSP:0)"),
+        (OFF, True, "link failover is off for this job"),
         (ON, False, "no other plane is up on every node"),
     ],
 )
@@ -168,3 +170,62 @@ def test_every_row_of_the_docstring_has_a_test() -> None:
     rows = sorted(set(re.findall(r"^- (P\d+) ", doc, flags=re.M)))
     tested = {name.split("_")[1].upper() for name in globals() if name.startswith("test_p")}
     assert rows and set(rows) == tested
+
+
+def test_p11_a_slow_active_plane_is_left_at_a_step_boundary_and_held_suspect() -> None:
+    slow = PlaneSlow("a", 6.0, "plane a slow: 6.0x", 10.0)
+    d = decide_plane(_all_up(), slow, ON)
+    assert d.command == SwitchPlane(to="b", planned=True, reason=d.reason)
+    assert d.reason == "plane a slow: 6.0x (sub-health): switch to plane b"
+    assert d.state.suspect == frozenset({"a"}) and d.state.switching == "b"
+    back = decide_plane(
+        decide_plane(d.state, PlaneSwitched("b", ok=True), ON).state, PlaneTick(100.0), ON
+    )
+    assert back.command is None, "switched back to a plane held slow"
+
+
+@pytest.mark.parametrize(
+    ("config", "b_up", "why"),
+    [(OFF, True, "link failover is off"), (ON, False, "no other plane is healthy")],
+)
+def test_p11_a_slow_plane_with_nowhere_to_go_keeps_training(
+    config: PlaneConfig, b_up: bool, why: str
+) -> None:
+    state = _all_up() if b_up else _down(_all_up(), "n0", "b", 1.0)
+    d = decide_plane(state, PlaneSlow("a", 6.0, "plane a slow", 10.0), config)
+    assert d.command is None and d.reason == f"plane a slow (sub-health); {why}: training goes on"
+
+
+def _watch(values: list[float], plane: str = "a") -> list[PlaneSlow | None]:
+    w = CommWatch()
+    w.observe(plane, 0, 0.0)
+    return [w.observe(plane, step, v) for step, v in enumerate(values, start=1)]
+
+
+def test_comm_watch_finds_a_plane_slow_against_its_own_baseline_once() -> None:
+    base = [0.5, 0.5, 0.010, 0.012, 0.011, 0.010, 0.013]  # warm-up, then the baseline
+    out = _watch([*base, 0.2, 0.2, 0.2, 0.2, 0.2])
+    found = [(i, o) for i, o in enumerate(out) if o is not None]
+    assert len(found) == 1 and found[0][0] == len(base) + 2, found  # the third slow step
+    slow = found[0][1]
+    assert slow is not None and slow.plane == "a" and slow.ratio == pytest.approx(0.2 / 0.011)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        [0.05, 0.05, 0.05, 0.05],  # under the 50 ms floor above a 11 ms baseline
+        [0.2, 0.2, 0.011, 0.2, 0.2],  # never three slow steps in a row
+    ],
+)
+def test_comm_watch_ignores_jitter_and_short_bursts(tail: list[float]) -> None:
+    base = [0.5, 0.5, 0.010, 0.012, 0.011, 0.010, 0.013]
+    assert all(o is None for o in _watch([*base, *tail]))
+
+
+def test_comm_watch_starts_a_new_baseline_on_another_plane() -> None:
+    w = CommWatch()
+    for step, v in enumerate([0.01] * 8, start=1):
+        w.observe("a", step, v)
+    assert w.baseline_s == pytest.approx(0.01)
+    assert w.observe("b", 9, 0.3) is None and w.baseline_s is None and w.plane == "b"
