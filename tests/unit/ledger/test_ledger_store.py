@@ -36,6 +36,7 @@ from unbroken.ledger import (
     NodeIsolated,
     PlaneChanged,
     PlaneFailover,
+    PlaneSubHealthy,
     PlaneSwitchback,
     PodHotSwitched,
     PodPlaced,
@@ -144,6 +145,7 @@ ONE_OF_EACH: tuple[Event, ...] = (
         recovered=True,
     ),
     PlaneChanged(node="node-1", plane="a", up=False, changed_at=1700000200.5),
+    PlaneSubHealthy(plane="a", comm_s=1.25, baseline_s=0.007, steps=3),
     PlaneFailover(
         from_plane="a",
         to="b",
