@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from tests.support import pysource
 
 pytestmark = pytest.mark.unit
 
@@ -133,63 +134,14 @@ def rows() -> list[Row]:
     return _document()[0]
 
 
-@cache
-def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), str(path))
-
-
 # ---- the "where" column -------------------------------------------------------------------------
-
-
-def _module_file(parts: list[str]) -> Path | None:
-    base = SRC.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _defined(body: list[ast.stmt]) -> dict[str, ast.stmt]:
-    """The names a module or class body defines at its top level."""
-    out: dict[str, ast.stmt] = {}
-    for node in body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            out[node.name] = node
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            for alias in node.names:
-                out[alias.asname or alias.name.split(".")[0]] = node
-        elif isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Name):
-                    out[target.id] = node
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            out[node.target.id] = node
-    return out
 
 
 def resolve(dotted: str) -> str | None:
     """Why ``dotted`` does not name code under src/ (None: it does)."""
     if not DOTTED.fullmatch(dotted):
         return f"{dotted!r} is not a dotted name of the unbroken package (or taskd)"
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        path = _module_file(parts[:cut])
-        if path is None:
-            continue
-        body: list[ast.stmt] = _tree(path).body
-        rest = parts[cut:]
-        for i, name in enumerate(rest):
-            found = _defined(body).get(name)
-            if found is None:
-                return f"{'.'.join(parts[: cut + i])} defines no {name!r}"
-            if isinstance(found, ast.ImportFrom) and found.module and found.level == 0:
-                return resolve(".".join([found.module, name, *rest[i + 1 :]]))
-            if isinstance(found, ast.ClassDef):
-                body = found.body
-            elif i < len(rest) - 1:
-                return f"{name} is not a class: {'.'.join(rest[i + 1 :])} cannot be in it"
-        return None
-    return f"no module under src/ for {dotted}"
+    return pysource.resolve(dotted)
 
 
 # ---- the "proven by" column ---------------------------------------------------------------------
@@ -204,13 +156,13 @@ def find_test(test_id: str) -> str | None:
     if not path.is_file():
         return f"{match.group(1)} does not exist"
     *owners, name = match.group(2).split("::")[1:]
-    body: list[ast.stmt] = _tree(path).body
+    body: list[ast.stmt] = pysource.tree(path).body
     for owner in owners:
-        found = _defined(body).get(owner)
+        found = pysource.defined(body).get(owner)
         if not isinstance(found, ast.ClassDef):
             return f"{match.group(1)} defines no class {owner!r}"
         body = found.body
-    found = _defined(body).get(name)
+    found = pysource.defined(body).get(name)
     if not isinstance(found, ast.FunctionDef | ast.AsyncFunctionDef):
         where = "::".join([match.group(1), *owners])
         return f"{where} defines no function {name!r}"
@@ -236,7 +188,7 @@ def _mark_name(node: ast.expr) -> str | None:
 def tier_of(path: str) -> str | None:
     """The highest tier a test module's ``pytestmark`` declares (None: none)."""
     marks: set[str] = set()
-    for stmt in _tree(ROOT / path).body:
+    for stmt in pysource.tree(ROOT / path).body:
         if isinstance(stmt, ast.Assign):
             targets, value = stmt.targets, stmt.value
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
