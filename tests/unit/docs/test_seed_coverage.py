@@ -27,7 +27,6 @@ from tests.support import pysource
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
-SRC = ROOT / "src"
 DOC = ROOT / "docs" / "seed-coverage.md"
 
 HEADER = ("seed item", "status", "where it is implemented", "proven by")
