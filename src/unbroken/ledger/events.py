@@ -292,9 +292,7 @@ class RungsUnavailable(Event):
     without an Unbroken session (a plain torchrun script that never calls
     ``unbroken.worker.init``), so the process-level rungs are not available (``rungs``: those
     its ``recover-strategy`` configures, empty when none) and faults fall to in-pod restarts
-    and pod- and job-level rescheduling; or the environment of the pod of ``ranks`` switches
-    ``rungs`` off (``PROCESS_RECOVER``, ``TASKD_PROCESS_ENABLE``,
-    ``ENABLE_RESTART_FAULT_PROCESS``: :mod:`unbroken.manager.switches`)."""
+    and pod- and job-level rescheduling."""
 
     ranks: tuple[int, ...]
     rungs: tuple[str, ...]
@@ -413,6 +411,19 @@ class PlaneChanged(Event):
     plane: str
     up: bool
     changed_at: float
+
+
+@dataclass(frozen=True)
+class RungsSwitchedOff(Event):
+    """The environment of ``pod`` (its ranks ``ranks``) turns ``rungs`` the job configures off
+    for the whole job: ``setting`` (``PROCESS_RECOVER=off``, ``TASKD_PROCESS_ENABLE=off``,
+    ``ENABLE_RESTART_FAULT_PROCESS=off``: :mod:`unbroken.manager.switches`). Said once per pod
+    and setting."""
+
+    pod: str
+    ranks: tuple[int, ...]
+    rungs: tuple[str, ...]
+    setting: str
 
 
 @dataclass(frozen=True)

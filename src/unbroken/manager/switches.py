@@ -6,14 +6,14 @@ each pod's agent from the environment the pod runs with
 switches turn off is off for the whole job (the ladder's rungs repair the job, not one pod):
 :func:`switched` gives the policy the rungs off and why (``Feasibility.switched_off``);
 :meth:`Switches.heard` says so once per pod and setting, on the console and as a
-``RungsUnavailable`` record, when it turns off a rung the job configures.
+``RungsSwitchedOff`` record, when it turns off a rung the job configures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from unbroken.ledger import RungsUnavailable
+from unbroken.ledger import RungsSwitchedOff
 from unbroken.manager.context import Context
 from unbroken.manager.pods import PodProcess
 from unbroken.spec.knobs import STRATEGY_PRIORITY, Strategy
@@ -47,7 +47,9 @@ class Switches:
                 "reference's agent-side switch); faults fall to the rungs below"
             )
             ranks = tuple(self.ctx.job.ranks_of(pod.pod))
-            self.ctx.ledger.record(RungsUnavailable(ranks=ranks, rungs=rungs, reason=line))
+            self.ctx.ledger.record(
+                RungsSwitchedOff(pod=pod.pod, ranks=ranks, rungs=rungs, setting=why)
+            )
             self.ctx.console.line(line)
 
 

@@ -666,9 +666,14 @@ def test_a_rung_a_pods_environment_switches_off_is_skipped_for_the_job(
     off = (("recover-in-place", "ENABLE_RESTART_FAULT_PROCESS=off"),)
     for _ in range(2):  # a second hello (a restarted agent) says nothing new
         a1.send(AgentHello(pid=a1.pid, node_rank=1, nproc=2, switched_off=off))
-    (said,) = job.events("RungsUnavailable")
-    assert said["ranks"] == [2, 3] and said["rungs"] == ["recover-in-place"], said
-    assert "ENABLE_RESTART_FAULT_PROCESS=off" in said["reason"], said
+    (said,) = job.events("RungsSwitchedOff")
+    assert said == {
+        "pod": PODS[1],
+        "ranks": [2, 3],
+        "rungs": ["recover-in-place"],
+        "setting": "ENABLE_RESTART_FAULT_PROCESS=off",
+    }, said
+    assert job.events("RungsUnavailable") == []
     a0.send(RankExited(rank=1, pid=2001, returncode=-9, exited_at=job.clock(), signal="SIGKILL"))
     job.tick()
     (decision,) = job.events("DecisionMade")

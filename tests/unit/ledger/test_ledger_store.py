@@ -44,6 +44,7 @@ from unbroken.ledger import (
     PodStatus,
     ProcessesStarted,
     RecoveryCompleted,
+    RungsSwitchedOff,
     RungsUnavailable,
     StateLoaded,
     StateSource,
@@ -146,6 +147,7 @@ ONE_OF_EACH: tuple[Event, ...] = (
     ),
     PlaneChanged(node="node-1", plane="a", up=False, changed_at=1700000200.5),
     PlaneSubHealthy(plane="a", comm_s=1.25, baseline_s=0.007, steps=3),
+    RungsSwitchedOff(pod="p", ranks=(2, 3), rungs=("retry",), setting="PROCESS_RECOVER=off"),
     PlaneFailover(
         from_plane="a",
         to="b",
