@@ -19,7 +19,7 @@ _COMMANDS: dict[str, str] = {
     "validate": "validate",
     "plan": "plan",
     "launch": "launch",
-    "run": "run",
+    "run": "runcmd",
     "serve": "serve",
     "status": "status",
     "events": "events",

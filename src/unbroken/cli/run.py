@@ -171,10 +171,11 @@ def fail_input(prog: str, exc: InputError) -> int:
     return 1
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, inputs: Inputs | None = None) -> int:
+    """``inputs``: read already (else they are read here)."""
     # Everything is checked before the run directory is made: bad input leaves nothing behind.
     try:
-        inputs = read_inputs(args.job, args.cluster, args.chaos)
+        inputs = inputs or read_inputs(args.job, args.cluster, args.chaos)
     except InputError as exc:
         return fail_input("run", exc)
     if not 0 <= args.metrics_port <= 65535:

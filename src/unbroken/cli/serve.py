@@ -21,11 +21,18 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from unbroken.agent.remote import JoinError, read_token
 from unbroken.cli.credentials import HOSTS_DIR, serve_credentials
-from unbroken.cli.run import InputError, _terminate_as_interrupt, fail_input, read_inputs
+from unbroken.cli.run import (
+    InputError,
+    Inputs,
+    _terminate_as_interrupt,
+    fail_input,
+    read_inputs,
+)
 from unbroken.cli.rundir import RunDirError, check_own, claim_run_dir
 from unbroken.faults import CodeTableError
 from unbroken.ledger import Ledger, LedgerError
@@ -62,8 +69,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--quiet", action="store_true", help="print only the summary")
 
 
-def _fail(msg: str) -> int:
-    print(f"unbroken serve: {msg}", file=sys.stderr)
+def _fail(msg: str, prog: str = "serve") -> int:
+    print(f"unbroken {prog}: {msg}", file=sys.stderr)
     return 1
 
 
@@ -83,11 +90,23 @@ def write_token(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    args: argparse.Namespace,
+    on_listening: Callable[[Path, Path, str], None] | None = None,
+    inputs: Inputs | None = None,
+) -> int:
+    """``on_listening(run_dir, token, "ADDR:PORT")``, when given, is called once the control
+    plane's credentials are written, before the job starts (``unbroken run`` on planes starts
+    its namespace hosts' agents there); ``inputs``: read already (else they are read here)."""
+    prog = getattr(args, "prog", "serve")  # `unbroken run` on planes runs as this command
+
+    def fail(msg: str) -> int:
+        return _fail(msg, prog)
+
     try:
-        inputs = read_inputs(args.job, args.cluster, args.chaos)
+        inputs = inputs or read_inputs(args.job, args.cluster, args.chaos)
     except InputError as exc:
-        return fail_input("serve", exc)
+        return fail_input(prog, exc)
     job, cluster, layout, nodes, chaos = (
         inputs.job,
         inputs.cluster,
@@ -98,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         listen = _listen(args.listen)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     secret = None
     try:
         check_own(args.token_file, "--token-file", missing_ok=True)
@@ -106,11 +125,11 @@ def run(args: argparse.Namespace) -> int:
             check_own(args.secret_file, "--secret-file")
             secret = read_token(args.secret_file, "--secret-file")
     except (JoinError, RunDirError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     try:
         lock = claim_run_dir(job.name, args.run_dir)
     except RunDirError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     from unbroken.manager.job import JobManager, ManagerError
     from unbroken.manager.service import NodeRegistry
 
@@ -125,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             list_watch_period_s=cluster.list_watch_period_s,
             auto_stowing=cluster.auto_stowing,
             offline_reset=cluster.hot_reset is HotReset.OFFLINE,
+            code_table=getattr(args, "codes", None),
         )
         opts = ManagerOptions(agent_timeout_s=args.agent_timeout, hang_startup_s=args.hang_timeout)
         console = Console(quiet=args.quiet)
@@ -151,18 +171,22 @@ def run(args: argparse.Namespace) -> int:
             )
             manager.engine.remote_nodes = NodeRegistry(tls=tls)
         except (LedgerError, ManagerError, CodeTableError, OSError, CredentialsError) as exc:
-            return _fail(str(exc))
-        console.line(
-            f"run directory {run_dir}; token {token}; host I joins with: unbroken launch --join "
-            f"{listen[0]}:{listen[1]} --credentials node-I.json (I = 0..{cluster.nodes - 1}; "
-            f"copied from {run_dir / HOSTS_DIR})"
-        )
+            return fail(str(exc))
+        if on_listening is not None:
+            on_listening(run_dir, token, args.listen)
+            console.line(f"run directory {run_dir}; control plane {args.listen}")
+        else:
+            console.line(
+                f"run directory {run_dir}; token {token}; host I joins with: unbroken launch "
+                f"--join {listen[0]}:{listen[1]} --credentials node-I.json (I = 0.."
+                f"{cluster.nodes - 1}; copied from {run_dir / HOSTS_DIR})"
+            )
         try:
             outcome = manager.run()
         except (ManagerError, CodeTableError, OSError, RpcError) as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
         except KeyboardInterrupt as exc:
-            _fail(f"{stopped_by(exc)}; every process of the run was stopped")
+            fail(f"{stopped_by(exc)}; every process of the run was stopped")
             return stopped_by.exit_code
         finally:
             ledger.close()

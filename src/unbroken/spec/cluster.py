@@ -9,6 +9,12 @@ A cluster YAML (all keys optional)::
                           # (sunset), 2 offline reset for process-level recovery
       listWatchPeriod: 5  # seconds between device health checks, 3-1800 (default 5)
       autoStowing: true   # a device that turns healthy rejoins the pool by itself (default true)
+    planes: [a, b]        # network planes, in order of preference (2-4 names; default none)
+
+``planes`` gives every node a link on each network plane (the seed's dual-plane parameter
+network): under ``unbroken run`` each node is then a network namespace with one veth per plane
+(root and iproute2 needed), the ranks' collectives run over the first plane, and a job with link
+failover on moves them to the next when theirs goes down or is slow (:mod:`unbroken.cli.planes`).
 
 ``devicePlugin`` may also be the device plugin container's argument string as the seed writes it
 (``"device-plugin -useAscendDocker=true -volcanoType=true -hotReset=1 ..."``), or a mapping with
@@ -76,6 +82,7 @@ class ClusterSpec:
     device_plugin: DevicePlugin = DevicePlugin()
     warnings: tuple[str, ...] = ()
     source: Path | None = None
+    planes: tuple[str, ...] = ()  # network planes, in order of preference
 
     @property
     def hot_reset(self) -> HotReset:
@@ -90,7 +97,9 @@ class ClusterSpec:
         return self.device_plugin.auto_stowing
 
 
-_TOP_KEYS = ("nodes", "devicesPerNode", "devicePlugin")
+_TOP_KEYS = ("nodes", "devicesPerNode", "devicePlugin", "planes")
+_PLANE = re.compile(r"[a-z][a-z0-9-]{0,15}")
+PLANES_RANGE = (2, 4)
 _BOOL_FLAGS = frozenset(
     {
         "useAscendDocker",
@@ -157,6 +166,7 @@ def load_cluster(path: Path | None, job: JobSpec | None = None) -> ClusterSpec:
         devices_per_node=devices if devices is not None else default_devices,
         device_plugin=plugin,
         source=path,
+        planes=_planes(top.get("planes"), problems),
     )
     return _check(cluster, job, problems, lines)
 
@@ -224,6 +234,14 @@ def _check(
                 value=cluster.devices_per_node,
                 allowed=f">= {job.nproc_per_node}",
             )
+    if cluster.planes and job is not None and not job.fault_handling.link_failover:
+        problems.warn(
+            lines.get("planes"),
+            "planes",
+            "the job's collectives run over the first plane only: its link failover is off "
+            "(recover-strategy retry with HCCL_OP_RETRY_ENABLE on at L1, or MS_ENABLE_TFT "
+            "TSP:1, turns it on)",
+        )
     problems.raise_if_any()
     return ClusterSpec(
         nodes=cluster.nodes,
@@ -231,7 +249,38 @@ def _check(
         device_plugin=cluster.device_plugin,
         warnings=problems.warnings,
         source=cluster.source,
+        planes=cluster.planes,
     )
+
+
+def _planes(node: YamlNode | None, problems: Problems) -> tuple[str, ...]:
+    """``planes``: 2 to 4 distinct names (lower case letters, digits, '-')."""
+    seq = as_seq(node, problems)
+    if seq is None or node is None:
+        return ()
+    names: list[str] = []
+    for item in seq.items:
+        value = item.value if isinstance(item, Scalar) else None
+        if not isinstance(value, str) or not _PLANE.fullmatch(value) or value in names:
+            problems.error(
+                item.line,
+                item.path,
+                "a plane is a distinct name",
+                value=value if value is not None else "a " + type(item).__name__.lower(),
+                allowed="lower case letters, digits and '-', up to 16, starting with a letter",
+            )
+            continue
+        names.append(value)
+    low, high = PLANES_RANGE
+    if not low <= len(seq.items) <= high:
+        problems.error(
+            node.line,
+            "planes",
+            "the nodes' network planes, in order of preference",
+            value=len(seq.items),
+            allowed=f"{low} to {high} planes",
+        )
+    return tuple(names)
 
 
 def _device_plugin(
