@@ -90,6 +90,7 @@ def render(result: Plan) -> str:
         f"cluster: {cluster.nodes} nodes ({spare} spare) x {cluster.devices_per_node} devices, "
         f"hotReset {int(cluster.hot_reset)}, listWatchPeriod {cluster.list_watch_period_s:g} s, "
         f"autoStowing {'true' if cluster.auto_stowing else 'false'}"
+        + (f", network planes {', '.join(cluster.planes)}" if cluster.planes else "")
         + (f" from {cluster.source}" if cluster.source else " (defaults)")
     )
     out.append("")
@@ -126,7 +127,8 @@ def render(result: Plan) -> str:
     if fh.link_failover:
         out.append(
             "  link failover on: the collectives move to the next network plane when theirs "
-            "fails (planes: unbroken launch --join --plane NAME=IFNAME)"
+            "fails or is slow (planes: the cluster YAML's planes, or unbroken launch --join "
+            "--plane NAME=IFNAME)"
         )
     out.append("")
     modes = sorted(
