@@ -131,10 +131,13 @@ class Image:
     def __init__(self, proc: subprocess.Popen[bytes] | None, sock: socket.socket) -> None:
         self.proc = proc  # None: a shared image, not this process's to end
         self._sock = sock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one request at a time: its send, then its reply
         self._ready = threading.Event()
         self._replies: list[str] = []
         self._replied = threading.Condition()
+        # Not the request lock: the reader files an exit while a request waits for its reply
+        # (one lock for both hung a request whose reply came after a child's exit).
+        self._children_lock = threading.Lock()
         self._children: dict[int, ImageChild] = {}
         self._exits: dict[int, int] = {}  # exits heard before the child was registered
         self.gone = False
@@ -206,7 +209,7 @@ class Image:
                 self._ready.set()
             elif text.startswith("exit "):
                 _, pid, code = text.split()
-                with self._lock:
+                with self._children_lock:
                     child = self._children.pop(int(pid), None)
                     if child is None:
                         self._exits[int(pid)] = int(code)
@@ -305,7 +308,7 @@ class Image:
     def child(self, pid: int, stdin: IO[bytes] | None = None) -> ImageChild:
         """The handle of the agent ``pid`` that :meth:`launch` started."""
         child = ImageChild(pid, self, stdin)
-        with self._lock:
+        with self._children_lock:
             code = self._exits.pop(pid, None)
             if code is None:
                 self._children[pid] = child

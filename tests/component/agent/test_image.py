@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,32 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def test_a_request_whose_reply_follows_a_childs_exit_is_answered() -> None:
+    """The image reports a child's exit just before it replies to a request (a keeper that
+    ended as the manager asked for another): the manager's reader files the exit and hands
+    the reply on, so the request returns. (With one lock for requests and children, the
+    reader waited for the request and the request for the reader: a hang.)"""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    img = Image(None, ours)
+    theirs.sendall(b"ready")
+    found: list[object] = []
+    asking = threading.Thread(
+        target=lambda: found.append(img.host_store("127.0.0.1", 0, ready_timeout_s=5.0))
+    )
+    asking.start()
+    try:
+        _, fds, _, _ = socket.recv_fds(theirs, 4096, 1)
+        theirs.sendall(b"exit 999999 0")  # an earlier child's exit, before the reply
+        theirs.sendall(b"pid 999998")
+        with socket.socket(fileno=fds[0]) as report:
+            report.sendall(b"port 29999")
+        asking.join(10.0)
+        assert not asking.is_alive(), "the request hung on the exit that came before its reply"
+        (keeper,) = found
+        assert keeper is not None and getattr(keeper, "port", None) == 29999, found
+    finally:
+        theirs.close()
+        asking.join(10.0)
+        img.close()
