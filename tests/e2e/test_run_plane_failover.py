@@ -1,13 +1,13 @@
 """Link failover across hosts: a host's plane-A link taken down (``ip link set DEV down``) moves
 the job's collectives to plane B in the same processes, and back once plane A is up again.
 
-Two hosts (network namespaces, tests/support/netns_hosts.py and plane_hosts.py), each with a veth on plane A and one
-on plane B; the control plane (``unbroken serve``) listens on the root namespace's plane-B
-address, so the hosts' agents and the rendezvous store are reached over plane B, and each
-host's agent declares ``--plane a=pa0 --plane b=pb0``: the ranks' gloo collectives start on
-plane A. Host 1's plane-A connections reset with every carrier up (a failed collective: the
-plane's fault) and its plane-A link taken down each move the job to plane B; an operator's
-``unbroken link switchback`` and the automatic switchback bring it back.
+Two hosts (network namespaces: tests/support/netns_hosts.py, plane_hosts.py), each with a veth
+on plane A and one on plane B; the control plane (``unbroken serve``) listens on the root
+namespace's plane-B address, so the hosts' agents and the rendezvous store are reached over
+plane B, and each host's agent declares ``--plane a=pa0 --plane b=pb0``: the ranks' gloo
+collectives start on plane A. Host 1's plane-A connections reset with every carrier up (a failed
+collective: the plane's fault) and its plane-A link taken down each move the job to plane B; an
+operator's ``unbroken link switchback`` and the automatic switchback bring it back.
 """
 
 from __future__ import annotations
