@@ -112,6 +112,7 @@ def test_the_seeds_pytorch_configuration_turns_link_failover_on(
         tmp_path / "job.yaml",
         job=JOB,
         replace={
+            "--step-sleep=0.4": "--step-sleep=0.25",  # one failover and one switchback only
             'recover-strategy: "retry,recover"': 'recover-strategy: "retry"',
             '- name: MS_ENABLE_TFT\n                  value: "{TSP:1}"': (
                 '- name: HCCL_OP_RETRY_ENABLE\n                  value: "L0:0, L1:1, L2:1"'

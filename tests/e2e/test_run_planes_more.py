@@ -18,6 +18,7 @@ from tests.support.cli_runs import (
     start_job,
     unbroken,
     wait_for,
+    write_job,
 )
 from tests.support.netns_hosts import hosts
 from tests.support.plane_hosts import served
@@ -38,7 +39,10 @@ def test_a_slow_plane_is_sub_healthy_and_left_without_a_fault(
     sub-healthy, and the job moves to plane B at a step boundary, every process kept and no
     fault for the ladder; plane A is held slow (no switchback by itself) until an operator
     switches back."""
-    with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, JOB) as run:
+    job = write_job(
+        tmp_path / "job.yaml", job=JOB, replace={"--step-sleep=0.4": "--step-sleep=0.2"}
+    )
+    with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, job) as run:
         h.set_rate(1, "8mbit", plane=0)
         wait_for(lambda: run.said("failover to plane b done"), "the move off plane a", 90.0)
         h.set_rate(1, None, plane=0)
@@ -71,7 +75,10 @@ def test_planes_in_the_cluster_yaml_under_unbroken_run(
         pytest.skip(unavailable())
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("nodes: 3\ndevicesPerNode: 2\nplanes: [a, b]\n")
-    running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, job=JOB)
+    job = write_job(
+        tmp_path / "job.yaml", job=JOB, replace={"--step-sleep=0.4": "--step-sleep=0.3"}
+    )
+    running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, job=job)
     try:
 
         def said(text: str) -> bool:
