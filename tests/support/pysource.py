@@ -1,5 +1,5 @@
-"""Names in the package's source, read with ``ast`` (nothing is imported): the docs' tests use
-them to check that every dotted name a document gives still names code under ``src/``."""
+"""Python source read with ``ast`` (nothing is imported): the names a document gives still name
+code under ``src/`` (the docs' tests), and the tiers a test module declares (its ``pytestmark``)."""
 
 from __future__ import annotations
 
@@ -65,3 +65,33 @@ def resolve(dotted: str) -> str | None:
                 return f"{name} is not a class: {'.'.join(rest[i + 1 :])} cannot be in it"
         return None
     return f"no module under src/ for {dotted}"
+
+
+def _mark_name(node: ast.expr) -> str | None:
+    """``X`` for ``pytest.mark.X`` or ``pytest.mark.X(...)``; None for anything else."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+    ):
+        return node.attr
+    return None
+
+
+def declared_marks(tree: ast.Module) -> set[str]:
+    """The marker names a module's top-level ``pytestmark`` assignments name."""
+    marks: set[str] = set()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign):
+            targets, value = stmt.targets, stmt.value
+        elif isinstance(stmt, ast.AnnAssign | ast.AugAssign) and stmt.value is not None:
+            targets, value = [stmt.target], stmt.value
+        else:
+            continue
+        if not any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
+            continue
+        elements = value.elts if isinstance(value, ast.List | ast.Tuple) else [value]
+        marks.update(name for e in elements if (name := _mark_name(e)) is not None)
+    return marks

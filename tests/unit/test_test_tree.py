@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.pysource import declared_marks
 
 pytestmark = pytest.mark.unit
 
@@ -30,36 +31,6 @@ def _modules(root: Path) -> Iterator[Path]:
 def _test_modules(root: Path) -> list[Path]:
     """The test modules under ``root`` (what pytest collects: ``test_*.py``)."""
     return [p for p in _modules(root) if p.name.startswith("test_")]
-
-
-def _mark_name(node: ast.expr) -> str | None:
-    """``X`` for ``pytest.mark.X`` or ``pytest.mark.X(...)``; None for anything else."""
-    if isinstance(node, ast.Call):
-        node = node.func
-    if (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "mark"
-    ):
-        return node.attr
-    return None
-
-
-def declared_marks(tree: ast.Module) -> set[str]:
-    """The marker names a module's top-level ``pytestmark`` assignments name."""
-    marks: set[str] = set()
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign):
-            targets, value = stmt.targets, stmt.value
-        elif isinstance(stmt, ast.AnnAssign | ast.AugAssign) and stmt.value is not None:
-            targets, value = [stmt.target], stmt.value
-        else:
-            continue
-        if not any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
-            continue
-        elements = value.elts if isinstance(value, ast.List | ast.Tuple) else [value]
-        marks.update(name for e in elements if (name := _mark_name(e)) is not None)
-    return marks
 
 
 def untiered(root: Path) -> list[str]:

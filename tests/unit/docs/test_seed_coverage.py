@@ -170,34 +170,10 @@ def find_test(test_id: str) -> str | None:
     return None
 
 
-def _mark_name(node: ast.expr) -> str | None:
-    """``X`` for ``pytest.mark.X`` or ``pytest.mark.X(...)``."""
-    if isinstance(node, ast.Call):
-        node = node.func
-    if (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "mark"
-    ):
-        return node.attr
-    return None
-
-
 @cache
 def tier_of(path: str) -> str | None:
     """The highest tier a test module's ``pytestmark`` declares (None: none)."""
-    marks: set[str] = set()
-    for stmt in pysource.tree(ROOT / path).body:
-        if isinstance(stmt, ast.Assign):
-            targets, value = stmt.targets, stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-            targets, value = [stmt.target], stmt.value
-        else:
-            continue
-        if not any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
-            continue
-        elements = value.elts if isinstance(value, ast.List | ast.Tuple) else [value]
-        marks.update(m for e in elements if (m := _mark_name(e)) is not None)
+    marks = pysource.declared_marks(pysource.tree(ROOT / path))
     found = [t for t in TIERS if t in marks]
     return found[-1] if found else None
 
