@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -134,5 +135,5 @@ def run_on_planes(args: argparse.Namespace, inputs: Inputs) -> int:
             done = subprocess.run(["ip", "netns", "pids", hosts.ns(i)], capture_output=True)
             for pid in done.stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), 9)
+                    os.kill(int(pid), signal.SIGKILL)
         hosts.close()

@@ -129,19 +129,19 @@ class PlaneSwitcher:
         waits = sorted(v.comm_time_s for v in live if v.committed == step)
         if len(waits) < len(live):
             return  # not every rank has committed it yet
-        slow = self.comm.observe(self.state.active, step, waits[len(waits) // 2])
+        median = waits[len(waits) // 2]
+        slow = self.comm.observe(self.state.active, step, median, now)
         if slow is None:
             return
-        base = self.comm.baseline_s or 0.0
         self.ledger.record(
             PlaneSubHealthy(
                 plane=slow.plane,
-                comm_s=waits[len(waits) // 2],
-                baseline_s=base,
+                comm_s=median,
+                baseline_s=self.comm.baseline_s or 0.0,
                 steps=self.comm.slow_steps,
             )
         )
-        d = self._feed(replace(slow, at=now), now)
+        d = self._feed(slow, now)
         if d.command is None:
             self.console.line(d.reason)
 

@@ -18,6 +18,9 @@ from unbroken.manager.context import Context
 from unbroken.manager.pods import PodProcess
 from unbroken.spec.knobs import STRATEGY_PRIORITY, Strategy
 
+#: A rung by the name an agent's hello gives it.
+_RUNGS = {str(s): s for s in STRATEGY_PRIORITY}
+
 
 class Switches:
     """What the pods' agents said of their switches; each (pod, setting) said once per run."""
@@ -30,13 +33,11 @@ class Switches:
         """A pod's agent said which rungs its environment turns off: keep it on the pod, and
         say which rungs the job configures that takes from it."""
         pod.switched_off = off
-        known = {str(s): s for s in STRATEGY_PRIORITY}
-        fh = self.ctx.fh
         new = [
             (rung, why)
             for rung, why in off
-            if rung in known
-            and known[rung] in fh.strategies
+            if rung in _RUNGS
+            and _RUNGS[rung] in self.ctx.fh.strategies
             and (pod.pod, rung, why) not in self._said
         ]
         self._said.update((pod.pod, rung, why) for rung, why in new)
@@ -56,10 +57,9 @@ class Switches:
 def switched(pods: Iterable[PodProcess]) -> tuple[tuple[Strategy, str], ...]:
     """The rungs the pods' environments turn off, each with the first pod and setting that
     does, in the ladder's order."""
-    known = {str(s): s for s in STRATEGY_PRIORITY}
     off: dict[Strategy, str] = {}
     for pod in pods:
         for rung, why in pod.switched_off:
-            if rung in known:
-                off.setdefault(known[rung], f"{why} in pod {pod.pod}")
+            if rung in _RUNGS:
+                off.setdefault(_RUNGS[rung], f"{why} in pod {pod.pod}")
     return tuple((s, off[s]) for s in STRATEGY_PRIORITY if s in off)

@@ -193,7 +193,7 @@ class CommWatch:
     last_step: int = -1
     said: bool = False
 
-    def observe(self, plane: str, step: int, comm_s: float) -> PlaneSlow | None:
+    def observe(self, plane: str, step: int, comm_s: float, now: float) -> PlaneSlow | None:
         if plane != self.plane:  # a new plane: a new baseline
             self.plane, self.baseline_s, self.samples = plane, None, []
             self.slow_steps, self.said = 0, False
@@ -222,7 +222,7 @@ class CommWatch:
             f"a step, {ratio:.1f}x its {base * 1000:.0f} ms on this plane, "
             f"{self.slow_steps} steps in a row"
         )
-        return PlaneSlow(plane=plane, ratio=ratio, what=what, at=0.0)
+        return PlaneSlow(plane=plane, ratio=ratio, what=what, at=now)
 
 
 @dataclass(frozen=True)

@@ -198,8 +198,8 @@ def test_p11_a_slow_plane_with_nowhere_to_go_keeps_training(
 
 def _watch(values: list[float], plane: str = "a") -> list[PlaneSlow | None]:
     w = CommWatch()
-    w.observe(plane, 0, 0.0)
-    return [w.observe(plane, step, v) for step, v in enumerate(values, start=1)]
+    w.observe(plane, 0, 0.0, 0.0)
+    return [w.observe(plane, step, v, float(step)) for step, v in enumerate(values, start=1)]
 
 
 def test_comm_watch_finds_a_plane_slow_against_its_own_baseline_once() -> None:
@@ -226,6 +226,6 @@ def test_comm_watch_ignores_jitter_and_short_bursts(tail: list[float]) -> None:
 def test_comm_watch_starts_a_new_baseline_on_another_plane() -> None:
     w = CommWatch()
     for step, v in enumerate([0.01] * 8, start=1):
-        w.observe("a", step, v)
+        w.observe("a", step, v, float(step))
     assert w.baseline_s == pytest.approx(0.01)
-    assert w.observe("b", 9, 0.3) is None and w.baseline_s is None and w.plane == "b"
+    assert w.observe("b", 9, 0.3, 9.0) is None and w.baseline_s is None and w.plane == "b"
