@@ -72,7 +72,11 @@ class Fleet:
     def __init__(self, address: str, secret: str, channels: int, heartbeat_s: float) -> None:
         self.meta = ((_SECRET_KEY, secret),)
         self.heartbeat_s = heartbeat_s
-        self.channels = [grpc.aio.insecure_channel(address) for _ in range(channels)]
+        # Each its own connection: gRPC otherwise shares one connection among channels to
+        # the same address with the same options (its global subchannel pool), and every
+        # agent's streams went over one connection, past the server's MAX_STREAMS.
+        local = [("grpc.use_local_subchannel_pool", 1)]
+        self.channels = [grpc.aio.insecure_channel(address, options=local) for _ in range(channels)]
         self.stats = Stats()
         self.agents: dict[str, SimAgent] = {}
         self.tasks: set[asyncio.Task[None]] = set()
