@@ -279,9 +279,16 @@ class Engine:
 
     def pause_all(self, skip: Sequence[str] = ()) -> None:
         """Every running pod's ranks (but ``skip``'s) stop at their next step boundary."""
-        for p in self.running():
-            if p.pod not in skip:
-                self.ctx.commands.send(p.pod, p.pid, PauseRanks())
+        self.ctx.commands.send_all(
+            (p.pod, p.pid, PauseRanks()) for p in self.running() if p.pod not in skip
+        )
+
+    def pause_pods(self, pods: Sequence[str]) -> None:
+        """The ranks of ``pods`` (those running) stop at their next step boundary."""
+        up = [p for name in pods if (p := self.pods.get(name)) is not None]
+        self.ctx.commands.send_all(
+            (p.pod, p.pid, PauseRanks()) for p in up if p.alive and not p.lost
+        )
 
     def dead_pods(self, skip: Sequence[str] = ()) -> list[str]:
         """Pods (but ``skip``) whose agent has ended or is lost."""

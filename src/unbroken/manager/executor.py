@@ -364,7 +364,7 @@ class Executor:
             case RejoinReady(rejoin=pr, source=source, step=step) as ready:
                 if not ready.all_stopped:
                     self.ctx.console.line(
-                        "not every healthy rank stopped in time; rejoining anyway"
+                        "the ranks the rejoin waited for did not stop in time; rejoining anyway"
                     )
                 if pr.leaving and pr.replacement is not None:
                     self.hotswitch.switch_over(pr.replacement)

@@ -1,11 +1,18 @@
 """The in-process rungs: healthy ranks keep their processes and regroup.
 
-``retry``, ``recover-in-place``, ``recover`` and a hot switch all end in a *rejoin*: every
-healthy rank stops at a step boundary (``pause``; ranks whose collective already failed are
-stopped anyway), and once they all report ``stopping`` the most advanced replica is known
+``retry``, ``recover-in-place``, ``recover`` and a hot switch all end in a *rejoin*. The replica
+source's pod (the most advanced healthy replica the heartbeats show) stops at a step boundary
+(``pause``), and once its ranks report ``stopping`` the step the source stopped at is known
 exactly (not from a heartbeat of a moment ago), so the rejoin names it as the source of the
-state the new processes (or the suspect ranks) take. ``dump`` (last words) stops them the same
-way, then asks the most advanced stopped replica to write its state.
+state the new processes (or the suspect ranks) take. Every other rank stops at its step
+boundary when the rejoin reaches it (ranks whose collective already failed are stopped
+anyway; so are those whose collective fails because the source's ranks left) and rejoins from
+there: one order to each agent, not a pause, an answer and a rejoin each
+(:mod:`unbroken.manager.rungs`). In lockstep training every rank stops at the step the source
+stopped at; one a step ahead takes the source's state. Without an incident (an elastic
+scale-out) every rank is paused and waited for, so that no collective fails outside a
+recovery. ``dump`` (last words) stops every healthy rank, then asks the most advanced stopped
+replica to write its state.
 
 :class:`InProcess` sends the orders and keeps the rung under way as a value
 (:class:`~unbroken.manager.rungs.PendingRejoin`, :class:`~unbroken.manager.rungs.LastWords`)
@@ -17,7 +24,7 @@ what follows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from unbroken.faults import Fault, FaultKind
@@ -39,6 +46,7 @@ from unbroken.manager.rungs import (
     RejoinFrom,
     Saved,
     Wait,
+    WaitFor,
     advance_last_words,
     advance_rejoin,
 )
@@ -124,12 +132,19 @@ class InProcess:
                     return True
         return False
 
-    def seen(self) -> dict[int, RankSeen]:
-        """Every rank as the rung steps need to see it."""
+    def seen(self, of_pods: Iterable[str] | None = None) -> dict[int, RankSeen]:
+        """Every rank (or those of ``of_pods``) as the rung steps need to see it."""
         out = {}
         pods = self.engine.pods
-        for r, v in self.gens.ranks.items():
-            pod_name = self.ctx.job.pod_of_rank(r)
+        views = self.gens.ranks
+        job = self.ctx.job
+        if of_pods is None:
+            ranks: Iterable[int] = views
+        else:
+            ranks = [r for p in of_pods for r in job.ranks_of(p) if r in views]
+        for r in ranks:
+            v = views[r]
+            pod_name = job.pod_of_rank(r)
             pod = pods.get(pod_name or "")
             out[r] = RankSeen(
                 rank=r,
@@ -181,7 +196,17 @@ class InProcess:
         for pod, ranks in replace.items():
             if pod in pods:
                 self.ctx.commands.send(pod, pods[pod].pid, EndRanks(tuple(ranks)))
-        self.engine.pause_all(skip_pods)
+        job = self.ctx.job
+        if self.incidents.open is None:
+            waits_for = {p for p in pods if p not in skip_pods}
+        else:
+            # The replica source's pod, and a hot switch's leaving pod: the rejoin itself
+            # stops every other rank at its step boundary.
+            waits_for = {p for r in leaving if (p := job.pod_of_rank(r)) is not None}
+            source = self._source_pod(lost | set(leaving), skip_pods)
+            if source is not None:
+                waits_for.add(source)
+        self.engine.pause_pods(sorted(waits_for))
         self.engine.prepare_store()  # while the ranks stop
         self.pending_rejoin = PendingRejoin(
             replace=dict(replace),
@@ -189,10 +214,30 @@ class InProcess:
             skip_pods=skip_pods,
             deadline_at=now + STOP_TIMEOUT_S,
             rung=rung,
+            waits_for=frozenset(waits_for),
             replacement=replacement,
             leaving=frozenset(leaving),
         )
         return None
+
+    def _source_pod(self, exclude: set[int], skip_pods: Sequence[str]) -> str | None:
+        """The pod of the most advanced healthy replica as the heartbeats show it (lowest
+        rank first), looked for pod by pod without building every rank's view (80k ranks at
+        10k nodes); None when no rank is one."""
+        views = self.gens.ranks
+        job = self.ctx.job
+        best: tuple[int, int, str] | None = None  # (-committed, rank, pod)
+        for pod in self.engine.pods.values():
+            if pod.lost or not pod.alive or pod.pod in skip_pods:
+                continue
+            for r in job.ranks_of(pod.pod):
+                v = views.get(r)
+                if v is None or not v.alive or r in exclude:
+                    continue
+                key = (-v.committed, r, pod.pod)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[2]
 
     def also_lost(self, rung: int | None, lost: frozenset[int]) -> bool:
         """Another pod of the same decision (rung ``rung``) is lost as well: its ranks join
@@ -203,12 +248,26 @@ class InProcess:
         self.pending_rejoin = replace(pr, lost=pr.lost | lost)
         return True
 
-    def _a_healthy_rank_runs(self, pr: PendingRejoin) -> bool:
-        """Whether a rank the rejoin waits for has not stopped yet (the first one found)."""
-        pod_of = self.ctx.job.pod_of_rank
+    def _a_waited_rank_runs(self, pr: PendingRejoin) -> bool:
+        """Whether a rank the rejoin waits for is up and has not stopped yet."""
+        views, pods = self.gens.ranks, self.engine.pods
+        for name in pr.waits_for:
+            pod = pods.get(name)
+            if name in pr.skip_pods or pod is None or pod.lost or not pod.alive:
+                continue
+            for r in self.ctx.job.ranks_of(name):
+                v = views.get(r)
+                if v is not None and v.alive and v.phase != "stopping" and r not in pr.lost:
+                    return True
+        return False
+
+    def _waited_up(self, pr: PendingRejoin) -> bool:
+        """Whether a pod the rejoin waits for still runs."""
+        pods = self.engine.pods
         return any(
-            v.alive and v.phase != "stopping" and r not in pr.lost and pod_of(r) not in pr.skip_pods
-            for r, v in self.gens.ranks.items()
+            (p := pods.get(name)) is not None and not p.lost and p.alive
+            for name in pr.waits_for
+            if name not in pr.skip_pods
         )
 
     def poll_rejoin(self, now: float) -> RejoinReady | RejoinFailed | None:
@@ -216,10 +275,17 @@ class InProcess:
         pr = self.pending_rejoin
         if pr is None:
             return None
-        if now < pr.deadline_at and self._a_healthy_rank_runs(pr):
+        if now < pr.deadline_at and self._a_waited_rank_runs(pr):
             return None  # waited for, without seeing all 80k ranks every tick
-        match advance_rejoin(pr, self.seen().values(), now):
+        # The ranks waited for stopped: their views are enough, unless their pods went or the
+        # deadline passed (then a source is looked for among every rank).
+        narrow = now < pr.deadline_at and self._waited_up(pr)
+        match advance_rejoin(pr, self.seen(pr.waits_for if narrow else None).values(), now):
             case Wait():
+                return None
+            case WaitFor(pod=pod):
+                self.engine.pause_pods([pod])
+                self.pending_rejoin = replace(pr, waits_for=pr.waits_for | {pod})
                 return None
             case NoReplica(reason=reason):
                 self.pending_rejoin = None
@@ -236,23 +302,22 @@ class InProcess:
         """Every pod's ranks rejoin generation ``gen`` (``world``: the ranks of a scaled-in
         world, else empty; ``plane``: the network plane to regroup over)."""
         pr = ready.rejoin
+        orders = []
         for p in self.engine.pods.values():
             if p.pod in pr.skip_pods:
                 continue
             p.generation = gen
-            self.ctx.commands.send(
-                p.pod,
-                p.pid,
-                RejoinRanks(
-                    generation=gen,
-                    master_port=self.engine.master_port,
-                    source=ready.source,
-                    step=ready.step,
-                    replace=tuple(pr.replace.get(p.pod, ())),
-                    world=world,
-                    plane=plane,
-                ),
+            order = RejoinRanks(
+                generation=gen,
+                master_port=self.engine.master_port,
+                source=ready.source,
+                step=ready.step,
+                replace=tuple(pr.replace.get(p.pod, ())),
+                world=world,
+                plane=plane,
             )
+            orders.append((p.pod, p.pid, order))
+        self.ctx.commands.send_all(orders)
         what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
         self.ctx.console.line(
             f"generation {gen}: healthy processes rejoin in place"

@@ -6,11 +6,19 @@ boundary (``pause``), and only once they all did is the replica source and its s
 exactly (rather than from a heartbeat of a moment ago). So:
 
 - :class:`PendingRejoin` (``retry``, ``recover-in-place``, ``recover``, a hot switch): waits until
-  every healthy rank stopped (or :data:`STOP_TIMEOUT_S` passed), then says :class:`RejoinFrom`
-  the most advanced replica, or :class:`NoReplica`. ``recover`` and a hot switch carry the
-  :class:`Newcomers` pod to start once the rejoin goes out; a hot switch also names the
-  ``leaving`` ranks (the sub-healthy pod's): healthy, so they stop at the step boundary with
-  the others, but never the source, since they do not join the new generation;
+  the healthy ranks of the pods it ``waits_for`` stopped (or :data:`STOP_TIMEOUT_S` passed),
+  then says :class:`RejoinFrom` the most advanced of them, or :class:`NoReplica`; when those
+  pods are gone first, :class:`WaitFor` names the pod of another replica to pause. While an
+  incident is recovered the rejoin waits for one pod, the replica source's: the one step the
+  rejoin must name exactly is the one that pod stopped at, and every other rank stops at its
+  step boundary when the rejoin itself reaches it (a collective of a rank still in a step then
+  fails, which is no fault while an incident is recovered). At 10k nodes this is one order to
+  each agent instead of a pause, an answer from each, then the rejoin. Without an incident (an
+  elastic scale-out) it waits for every pod, as every rank is paused. ``recover`` and a hot
+  switch carry the :class:`Newcomers` pod to start once the rejoin goes out; a hot switch also
+  names the ``leaving`` ranks (the sub-healthy pod's), whose pod is waited for too: healthy,
+  so they stop at the step boundary, but never the source, since they do not join the new
+  generation;
 - :class:`LastWords` (``dump``): waits for the healthy ranks to stop, then asks the most
   advanced stopped replica to write its state (:class:`AskWriter`), then reports it
   :class:`Saved` or :class:`LastWordsFailed` (died, could not, or too slow); the commands that
@@ -83,16 +91,19 @@ class Newcomers:
 
 @dataclass(frozen=True)
 class PendingRejoin:
-    """Healthy ranks pausing before they rejoin; ``replace``: ranks given new processes per
-    pod; ``lost``: ranks whose state cannot be a replica; pods in ``skip_pods`` take no part;
-    ``leaving``: ranks that stop with the others but leave the job (a hot switch's old pod),
-    so they are waited for and never the source."""
+    """A rejoin waiting for ranks to stop; ``replace``: ranks given new processes per pod;
+    ``lost``: ranks whose state cannot be a replica; pods in ``skip_pods`` take no part;
+    ``waits_for``: the pods whose healthy ranks were paused and must stop before the rejoin
+    goes out (the replica source's, a hot switch's leaving pod; every pod without an
+    incident); ``leaving``: ranks that stop with the others but leave the job (a hot switch's
+    old pod), so they are waited for and never the source."""
 
     replace: Mapping[str, tuple[int, ...]]
     lost: frozenset[int]
     skip_pods: tuple[str, ...]
     deadline_at: float
     rung: int | None
+    waits_for: frozenset[str]
     replacement: Newcomers | None = None
     leaving: frozenset[int] = frozenset()
 
@@ -100,7 +111,7 @@ class PendingRejoin:
 @dataclass(frozen=True)
 class RejoinFrom:
     """Send the rejoin: state from ``source`` at ``step``; ``all_stopped``: False when the
-    deadline passed first."""
+    deadline passed before the ranks waited for stopped."""
 
     source: int
     step: int
@@ -112,15 +123,42 @@ class NoReplica:
     reason: str = "no healthy replica is left"
 
 
+@dataclass(frozen=True)
+class WaitFor:
+    """The pods waited for are gone before their ranks stopped: pause ``pod`` (the most
+    advanced replica left) and wait for it too."""
+
+    pod: str
+
+
 def advance_rejoin(
     r: PendingRejoin, ranks: Iterable[RankSeen], now: float
-) -> Wait | RejoinFrom | NoReplica:
+) -> Wait | RejoinFrom | NoReplica | WaitFor:
+    """The rejoin's next step. ``ranks``: at least the ranks of the pods it waits for; every
+    rank once they are gone or the deadline passed (a new source is looked for among them)."""
     seen = list(ranks)
-    healthy = [v for v in seen if v.rank not in r.lost and v.alive and v.pod not in r.skip_pods]
-    stopped = bool(healthy) and all(v.stopping for v in healthy)
-    if not stopped and now < r.deadline_at:
-        return Wait()
-    source = replica_source(seen, r.lost | r.leaving)
+    waited = [
+        v
+        for v in seen
+        if v.pod in r.waits_for and v.rank not in r.lost and v.alive and v.pod not in r.skip_pods
+    ]
+    stopped = bool(waited) and all(v.stopping for v in waited)
+    if stopped:
+        source = replica_source(waited, r.lost | r.leaving, stopped=True)
+        if source is not None:
+            return RejoinFrom(source=source[0], step=source[1], all_stopped=True)
+    exclude = r.lost | r.leaving
+    if now < r.deadline_at:
+        if replica_source(waited, exclude) is not None:
+            return Wait()
+        # No replica is left in the pods waited for (the source's node went too): the most
+        # advanced one left elsewhere is paused and waited for.
+        other = replica_source((v for v in seen if v.pod not in r.skip_pods), exclude)
+        if other is None:
+            return NoReplica()
+        pod = next(v.pod for v in seen if v.rank == other[0])
+        return Wait() if pod is None or pod in r.waits_for else WaitFor(pod)
+    source = replica_source((v for v in seen if v.pod not in r.skip_pods), exclude)
     if source is None:
         return NoReplica()
     return RejoinFrom(source=source[0], step=source[1], all_stopped=stopped)

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,6 +129,11 @@ class Inbound:
 _WAKE: JsonObj = {}
 
 
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
+
+
 class Mailbox:
     """An agent's orders: put from the manager's thread, awaited by its stream on the server's
     event loop (no thread waits)."""
@@ -138,10 +143,15 @@ class Mailbox:
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def put(self, item: JsonObj) -> None:
-        self._items.append(item)
-        waiter = self._waiter
+        waiter = self.put_unwoken(item)
         if waiter is not None:
             waiter[0].call_soon_threadsafe(waiter[1].set)
+
+    def put_unwoken(self, item: JsonObj) -> tuple[asyncio.AbstractEventLoop, asyncio.Event] | None:
+        """Queue ``item`` without waking the stream; returns what wakes it (None: nothing
+        waits), for the caller to wake many streams at once."""
+        self._items.append(item)
+        return self._waiter
 
     def empty(self) -> bool:
         return not self._items
@@ -180,6 +190,27 @@ class CommandQueues:
 
     def send(self, pod: str, pid: int, order: Order) -> None:
         self.of(pod, pid).put(encode_order(order))
+
+    def send_all(self, orders: Iterable[tuple[str, int, Order]]) -> None:
+        """Send each ``(pod, pid, order)``: an order to every agent (a rejoin at 10k nodes)
+        wakes their streams with one call onto the server's event loop, not one each, and an
+        order the same for many agents is encoded once."""
+        encoded: dict[Order, JsonObj] = {}
+        with self._lock:
+            boxes = [
+                (self._queues.setdefault((pod, pid), Mailbox()), order)
+                for pod, pid, order in orders
+            ]
+        woken: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+        for box, order in boxes:
+            item = encoded.get(order)
+            if item is None:
+                item = encoded[order] = encode_order(order)
+            waiter = box.put_unwoken(item)
+            if waiter is not None:
+                woken.setdefault(waiter[0], []).append(waiter[1])
+        for loop, events in woken.items():
+            loop.call_soon_threadsafe(_set_all, events)
 
     def close(self) -> None:
         """The run is over: every open stream ends now, not at its next poll."""

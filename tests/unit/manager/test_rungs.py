@@ -1,5 +1,5 @@
-"""The multi-step rungs advance one step at a time, as values: rejoin after every healthy rank
-stopped (from the most advanced replica), last words from a stopped replica, each failure named."""
+"""The multi-step rungs advance one step at a time, as values: rejoin once the ranks it waits for
+stopped (from the most advanced of them), last words from a stopped replica, each failure named."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from unbroken.manager.rungs import (
     RejoinFrom,
     Saved,
     Wait,
+    WaitFor,
     advance_last_words,
     advance_rejoin,
     replica_source,
@@ -46,7 +47,12 @@ def _ranks(*ranks: RankSeen) -> dict[int, RankSeen]:
 
 
 REJOIN = PendingRejoin(
-    replace={"pod-1": (3,)}, lost=frozenset({3}), skip_pods=(), deadline_at=T0 + 10, rung=4
+    replace={"pod-1": (3,)},
+    lost=frozenset({3}),
+    skip_pods=(),
+    deadline_at=T0 + 10,
+    rung=4,
+    waits_for=frozenset({"pod-0", "pod-1"}),
 )
 
 
@@ -62,6 +68,28 @@ def test_a_rejoin_waits_for_every_healthy_rank_to_stop() -> None:
     assert advance_rejoin(REJOIN, ranks, T0) == Wait()
     ranks[1] = _rank(1)
     assert advance_rejoin(REJOIN, ranks, T0) == RejoinFrom(0, 10, all_stopped=True)
+
+
+def test_a_recovery_waits_for_the_source_pod_alone_and_takes_its_step() -> None:
+    """The rejoin names the step the source stopped at; the other ranks, still training, stop
+    at their step boundary when the rejoin reaches them."""
+    source_only = dataclasses.replace(REJOIN, waits_for=frozenset({"pod-0"}))
+    ranks = [_rank(0, 10, stopping=False), _rank(1, 10), _rank(2, 12, stopping=False)]
+    assert advance_rejoin(source_only, ranks, T0) == Wait()
+    ranks[0] = _rank(0, 11)
+    assert advance_rejoin(source_only, ranks, T0) == RejoinFrom(0, 11, all_stopped=True)
+
+
+def test_when_the_source_pod_goes_before_it_stopped_the_next_replica_is_waited_for() -> None:
+    source_only = dataclasses.replace(REJOIN, waits_for=frozenset({"pod-0"}))
+    gone = [
+        _rank(0, 12, stopping=False, pod_up=False),
+        _rank(1, 12, stopping=False, alive=False),
+        _rank(2, 11, stopping=False),
+    ]
+    assert advance_rejoin(source_only, gone, T0) == WaitFor("pod-1")
+    nothing_left = [_rank(0, pod_up=False), _rank(1, alive=False), _rank(3)]
+    assert advance_rejoin(source_only, nothing_left, T0) == NoReplica()
 
 
 def test_a_rejoin_goes_ahead_at_its_deadline_and_says_so() -> None:
@@ -83,6 +111,7 @@ def test_a_hot_switch_waits_for_the_leaving_ranks_but_never_takes_them_as_source
         skip_pods=(),
         deadline_at=T0 + 10,
         rung=4,
+        waits_for=frozenset({"pod-0", "pod-1"}),
         leaving=frozenset({2, 3}),
     )
     ranks = [_rank(0, 10), _rank(1, 10), _rank(2, 11, stopping=False), _rank(3, 11)]
