@@ -215,7 +215,7 @@ async def one_run(
     # An HTTP/2 connection carries at most 100 concurrent streams by default, and every agent
     # holds one open (its orders): 50 agents a connection leave room for their calls.
     conns = channels or max(8, math.ceil(n / 50))
-    fleet = Fleet(cp.hello["address"], cp.hello["secret"], conns, heartbeat_s=0.1)
+    fleet = Fleet(cp.hello["address"], cp.hello["secret"], conns, heartbeat_s=0.1, world=n)
     pumper = asyncio.get_running_loop().create_task(pump(cp, fleet, rank_of))
     lag = asyncio.get_running_loop().create_task(fleet.watch_lag())
     try:

@@ -6,6 +6,11 @@ the moment the ranks' milestones change (their records appear, their first commi
 a stream of the manager's orders, obeyed as an agent would (restart, rejoin, pause, stop). A node
 fault is its agent falling silent and its order stream dropped (its connection gone).
 
+The ranks of a generation rendezvous as real ranks do: none is ready to communicate (nor loads
+its state, nor commits a step) before every pod's ranks have entered the generation (a rejoin
+or restart order, or a replacement's hello), so their records change, and their agents' milestone
+heartbeats go, from that moment, all of them together, and their first commit a step later.
+
 The generator's own lag (how late a heartbeat went out against its schedule) is measured, so a
 backlog in the control plane is not mistaken for one in the generator.
 """
@@ -69,8 +74,16 @@ class Stats:
 
 
 class Fleet:
-    def __init__(self, address: str, secret: str, channels: int, heartbeat_s: float) -> None:
+    def __init__(
+        self, address: str, secret: str, channels: int, heartbeat_s: float, world: int
+    ) -> None:
         self.meta = ((_SECRET_KEY, secret),)
+        #: The pods of the job: a generation's ranks rendezvous once all of them entered it.
+        self.world = world
+        self._entered: dict[int, int] = {}
+        self._complete: dict[int, asyncio.Event] = {}
+        #: When each generation's rendezvous completed (the last pod entered it).
+        self.rendezvous_at: dict[int, float] = {}
         self.heartbeat_s = heartbeat_s
         # Each its own connection: gRPC otherwise shares one connection among channels to
         # the same address with the same options (its global subchannel pool), and every
@@ -84,6 +97,25 @@ class Fleet:
         self.measuring = False
         #: The heartbeat interval the control plane set (the last hello's answer).
         self.interval_s = heartbeat_s
+
+    def entered(self, generation: int) -> None:
+        """A pod's ranks entered ``generation``."""
+        n = self._entered[generation] = self._entered.get(generation, 0) + 1
+        if n >= self.world and generation not in self.rendezvous_at:
+            self.rendezvous_at[generation] = time.time()
+            self._event(generation).set()
+
+    def _event(self, generation: int) -> asyncio.Event:
+        return self._complete.setdefault(generation, asyncio.Event())
+
+    async def rendezvous(self, generation: int, timeout_s: float = 60.0) -> float:
+        """When ``generation``'s ranks have all entered it (waited for up to ``timeout_s``,
+        then now: a rendezvous that never completes shows as a late first commit)."""
+        try:
+            await asyncio.wait_for(self._event(generation).wait(), timeout_s)
+        except TimeoutError:
+            return time.time()
+        return self.rendezvous_at[generation]
 
     def channel(self, i: int) -> grpc.aio.Channel:
         return self.channels[i % len(self.channels)]
@@ -139,6 +171,7 @@ class SimAgent:
         self.base_step = 0
         #: The step its ranks stopped at (PauseRanks), until the rejoin; None: training.
         self.paused_at: int | None = None
+        self.waiting = False
         self.silent = False
         self.registered = asyncio.Event()
         #: Its ranks' milestones up to the first commit have been told (and answered).
@@ -203,6 +236,8 @@ class SimAgent:
         self.generation = generation
         self.gen_start = now
         self.paused_at = None
+        self.waiting = True  # for the generation's rendezvous: no step moves
+        self.f.entered(generation)
 
     def milestones(self) -> None:
         """As the real agent does (:func:`unbroken.agent.managed._milestones`), a heartbeat goes
@@ -213,8 +248,13 @@ class SimAgent:
         task.add_done_callback(self.f.tasks.discard)
 
     async def _milestone_beats(self, generation: int) -> None:
+        at = await self.f.rendezvous(generation)
+        if self.silent or self.generation != generation:
+            return
+        self.gen_start = at  # ready, state loaded; the first commit a step later
+        self.waiting = False
         await self.send_beat()
-        await asyncio.sleep(STEP_S)
+        await asyncio.sleep(max(0.0, at + STEP_S - time.time()))
         if not self.silent and self.generation == generation and self.paused_at is None:
             await self.send_beat()
         self.settled.set()
@@ -224,6 +264,8 @@ class SimAgent:
             return 0
         if self.paused_at is not None:
             return self.paused_at
+        if self.waiting:
+            return self.base_step
         return self.base_step + int((now - self.gen_start) / STEP_S)
 
     def beat(self, now: float) -> AgentHeartbeat:
@@ -352,11 +394,12 @@ class SimAgent:
                         await self.send_beat()
                     case RejoinRanks(generation=g, replace=replace, step=step):
                         self._started(g, step)
-                        await self.send(
-                            RanksRejoined(
-                                pids=self.rank_pids, joined=replace, started_at=self.gen_start
+                        if replace:  # as the agent: a rejoin that starts no process is untold
+                            await self.send(
+                                RanksRejoined(
+                                    pids=self.rank_pids, joined=replace, started_at=self.gen_start
+                                )
                             )
-                        )
                         self.milestones()
                     case StopPod():
                         self.silent = True

@@ -324,6 +324,11 @@ class ManagedAgent:
         for rank in replace:
             self._post_rejoin(rank, order)
         self._zygote_at = time.monotonic() + 30.0
+        if not replace:
+            # A rejoin that starts no process is not announced: the manager moved the ranks
+            # into the generation as it sent the order (a start not yet announced is moot).
+            self._unannounced = None
+            return
         self._announce(
             lambda pids: RanksRejoined(pids=pids, joined=replace, started_at=self._started_at())
         )

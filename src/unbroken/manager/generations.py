@@ -10,6 +10,8 @@ engine begins a generation (it opens the generation's store, :meth:`Engine.begin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from unbroken.manager.progress import RankView, committed_step
 
 
@@ -36,6 +38,14 @@ class Generations:
         self._rung_of[self.current] = rung
         self.ranks = {}
         return self.current
+
+    def carry_over(self, pids: Mapping[int, int]) -> None:
+        """Ranks that keep their processes into the current generation (a rejoin that starts
+        none on their pod, which its agent does not announce): their views start afresh, as
+        the agent's ``RanksRejoined`` would make them; their heartbeats fill them in."""
+        gen = self.current
+        for rank, pid in pids.items():
+            self.ranks[rank] = RankView(rank=rank, pid=pid, generation=gen)
 
     def began_at(self, generation: int) -> float:
         """When ``generation`` began (0.0 for the job's start)."""

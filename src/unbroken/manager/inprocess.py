@@ -318,6 +318,11 @@ class InProcess:
             )
             orders.append((p.pod, p.pid, order))
         self.ctx.commands.send_all(orders)
+        # A pod that starts no process does not announce its rejoin (at 10k nodes, 10k calls
+        # while the orders go out): its ranks enter the generation as they are.
+        for p in self.engine.pods.values():
+            if p.pod not in pr.skip_pods and not pr.replace.get(p.pod):
+                self.gens.carry_over(p.rank_pids)
         what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
         self.ctx.console.line(
             f"generation {gen}: healthy processes rejoin in place"

@@ -142,7 +142,9 @@ class RanksStarted:
 @dataclass(frozen=True)
 class RanksRejoined:
     """The pod's ranks joined the sender's generation in process; ``joined``: the ranks that
-    got a new process (replacements), the others kept theirs."""
+    got a new process (replacements), the others kept theirs. Sent only when ``joined`` is
+    not empty: a rejoin that starts no process is not announced (the manager moves the pod's
+    ranks into the generation as it sends the order, and their heartbeats follow)."""
 
     pids: Mapping[int, int]
     joined: tuple[int, ...]
