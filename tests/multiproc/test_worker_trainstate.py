@@ -182,3 +182,35 @@ def test_registered_state_and_data_position_are_in_the_checkpoint(tmp_path: Path
     assert sched2.state_dict() == sched.state_dict()
     assert fresh.digests(3) == state.digests(3)
     assert _serve(fresh.data, 3, 4) == _serve(batches, 3, 4)
+
+
+def test_a_tensor_hash_is_reused_until_the_tensor_changes_in_place() -> None:
+    from unbroken.worker.digest import TensorHashes, tensor_sha256
+
+    t = torch.arange(1000, dtype=torch.float32)
+    with TensorHashes(threads=2) as hashes:
+        hashes.submit([t])
+        first = hashes(t)
+        assert first == tensor_sha256(t)
+        t[3] = -1.0  # an in-place change advances the version counter: hashed again
+        assert hashes(t) == tensor_sha256(t) != first
+        # A view of other bytes of the same storage is another tensor.
+        assert hashes(t[:10]) == tensor_sha256(t[:10]) != hashes(t)
+
+
+def test_the_state_digest_is_the_same_hashed_ahead_or_on_the_spot_and_sees_one_bit() -> None:
+    from unbroken.worker.digest import TensorHashes
+
+    net, opt, sched = _setup()
+    net(torch.randn(8, 4)).sum().backward()
+    opt.step()  # the optimizer holds state tensors
+    state = TrainState(net, opt, {"scheduler": sched})
+    plain = state.digests(2)
+    with TensorHashes(threads=2) as hashes:
+        hashes.submit(state.tensors())
+        assert state.digests(2, hashes) == plain
+    exp_avg = next(iter(state.optimizer.state.values()))["exp_avg"]
+    exp_avg.view(torch.int32)[0] ^= 1
+    changed = state.digests(2)
+    assert changed["optimizer"] != plain["optimizer"]
+    assert changed["model"] == plain["model"]

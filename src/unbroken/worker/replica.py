@@ -2,28 +2,31 @@
 
 The protocol runs over a freshly built process group, on every rank of it:
 
-1. **Compare.** Each rank all-gathers ``(committed steps, flags, sha256 digest)`` of its
-   model, optimizer, registered objects and data position
-   (:meth:`unbroken.worker.trainstate.TrainState.digest`).
-   The chosen source must have committed exactly the step the job resumes at and must not
-   be suspect (an optimizer update that failed midway, a corrupted memory) nor a replacement
-   process.
-2. **Transfer.** Ranks whose step or digest differ from the source's are the receivers. The
-   source and the receivers form a process group of their own; ranks already equal to the
-   source take no part. The source broadcasts a description (JSON, UTF-8, as a uint8 tensor
-   after an int64 header with the format version and its length): the model's tensor names,
-   dtypes and shapes, the optimizer's per-parameter state and hyperparameter groups, the
-   registered objects' state dicts, the data position (:mod:`unbroken.worker.statecodec`:
-   tensors by reference, scalars inline) and the committed step count. Then it broadcasts each
-   tensor in the description's order. Nothing is pickled. Receivers check the description
-   against their own model and optimizer before anything is written, receive model tensors
-   in place, and load the optimizer state and the registered objects with ``load_state_dict``
-   (a fresh process has no optimizer state yet: the description says what to allocate). A
-   replacement process takes the data position; a rank that was alive rewinds its own
-   (:mod:`unbroken.worker.data`).
-3. **Verify.** Every rank all-gathers its digest again; all must equal the source's, or every
-   rank raises :class:`ReplicaError` naming the ranks that differ. A run never continues on a
-   silently diverged replica.
+1. **Compare.** Each rank all-gathers ``(committed steps, flags)``. The chosen source must
+   have committed exactly the step the job resumes at and must not be suspect (an optimizer
+   update that failed midway, a corrupted memory) nor a replacement process. The receivers are
+   the ranks behind the source, the replacements and the suspect ranks. No rank hashes its
+   state yet: that would put a pass over every byte on the critical path.
+2. **Transfer.** The source and the receivers form a process group of their own; the other
+   ranks take no part and hash their state meanwhile, on background threads
+   (:class:`unbroken.worker.digest.TensorHashes`). The source broadcasts a description (JSON,
+   UTF-8, as a uint8 tensor after an int64 header with the format version and its length): the
+   model's tensor names, dtypes and shapes, the optimizer's per-parameter state and
+   hyperparameter groups, the registered objects' state dicts, the data position
+   (:mod:`unbroken.worker.statecodec`: tensors by reference, scalars inline) and the committed
+   step count. Then it broadcasts every tensor in the description's order, all queued at once.
+   Nothing is pickled. Receivers check the description against their own model and optimizer
+   before anything is written, receive model tensors in place and hash each tensor as it
+   arrives, then load the optimizer state and the registered objects with
+   ``load_state_dict`` (a fresh process has no optimizer state yet: the description says what
+   to allocate). A replacement process takes the data position; a rank that was alive rewinds
+   its own (:mod:`unbroken.worker.data`).
+3. **Verify.** Every rank all-gathers the digest of its whole state
+   (:meth:`unbroken.worker.trainstate.TrainState.digest`). A rank that was not a receiver and
+   differs from the source (its state diverged with nothing flagging it) takes the source's
+   state in a second transfer; then every rank must equal the source, or every rank raises
+   :class:`ReplicaError` naming the ranks that differ. A run never continues on a silently
+   diverged replica.
 
 Sharded state (:mod:`unbroken.worker.sharding`): each shard is compared among, sent from and
 verified against the ranks that hold it, each from its own source (HSDP: the rank at the same
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from unbroken.worker.digest import TensorHashes, hash_threads
 from unbroken.worker.sharding import Layout, Sharding
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.trainstate import TrainState
@@ -59,6 +64,7 @@ logger = logging.getLogger(__name__)
 FORMAT = 2
 _SUSPECT = 1  # flag: an update failed midway or memory was corrupted on this rank
 _FRESH = 2  # flag: a replacement process that has no training state of its own
+_UNKNOWN = bytes(32)  # a digest not taken (before the transfer no rank hashes its state)
 
 
 class ReplicaError(RuntimeError):
@@ -84,8 +90,9 @@ class RankState:
 
     def describe(self) -> str:
         notes = [n for n, on in (("suspect", self.suspect), ("replacement", self.fresh)) if on]
-        extra = f", {', '.join(notes)}" if notes else ""
-        return f"rank {self.rank}: {self.committed} steps, digest {self.digest.hex()[:12]}{extra}"
+        if self.digest != _UNKNOWN:
+            notes.insert(0, f"digest {self.digest.hex()[:12]}")
+        return ", ".join([f"rank {self.rank}: {self.committed} steps", *notes])
 
 
 @dataclass(frozen=True)
@@ -114,15 +121,8 @@ def _gather(state: RankState, group: dist.ProcessGroup | None) -> list[RankState
     ]
 
 
-def local_state(
-    state: TrainState,
-    committed: int,
-    *,
-    suspect: bool = False,
-    fresh: bool = False,
-) -> RankState:
-    flags = (_SUSPECT if suspect else 0) | (_FRESH if fresh else 0)
-    return RankState(dist.get_rank(), committed, flags, state.digest(committed))
+def _flags(suspect: bool, fresh: bool) -> int:
+    return (_SUSPECT if suspect else 0) | (_FRESH if fresh else 0)
 
 
 def _shard_source(states: list[RankState], holders: tuple[int, ...], source: int, step: int) -> int:
@@ -158,8 +158,9 @@ def plan_repair(
     states: list[RankState], sharding: Sharding, *, source: int, step: int
 ) -> dict[tuple[int, ...], tuple[int, tuple[int, ...]]]:
     """For each shard (the tuple of ranks that hold it): the rank that sends it and the ranks
-    that receive it (those whose step or digest differ from the sender's, or that are
-    suspect). Raises :class:`ReplicaError` when a shard has no holder that can send it."""
+    that receive it (those whose step differs from the sender's, replacements, suspect ranks,
+    and ranks whose digest differs where both digests were taken). Raises
+    :class:`ReplicaError` when a shard has no holder that can send it."""
     if sharding.world_size != len(states):
         raise ReplicaError(
             f"the session's layout is of {sharding.world_size} ranks, the group has {len(states)}"
@@ -176,8 +177,12 @@ def plan_repair(
                 if r != src.rank
                 and (
                     states[r].committed != src.committed
-                    or states[r].digest != src.digest
                     or states[r].suspect
+                    or states[r].fresh
+                    or (
+                        _UNKNOWN not in (states[r].digest, src.digest)
+                        and states[r].digest != src.digest
+                    )
                 )
             ),
         )
@@ -200,7 +205,7 @@ def repair(
     that holds it: ``source`` for its own shard, the first healthy holder for every other
     (HSDP: the rank at the same shard position of another replica group). A shard whose every
     holder is a replacement or suspect has no replica to come from: :class:`ReplicaError`."""
-    me = local_state(state, committed, suspect=suspect, fresh=fresh)
+    me = RankState(dist.get_rank(), committed, _flags(suspect, fresh), _UNKNOWN)
     states = _gather(me, None)
     sharding = state.sharding
     if sharding.layout is Layout.REPLICATED or sharding.partner_replicas:
@@ -210,45 +215,68 @@ def repair(
         sharding = Sharding(Layout.REPLICATED, (0,) * len(states), frozenset())
     plan = plan_repair(states, sharding, source=source, step=step)
     sources = {holders: src_rank for holders, (src_rank, _) in plan.items()}
-    receivers_of = {holders: receivers for holders, (_, receivers) in plan.items()}
-    shard_groups = sorted(plan)
-    receivers = tuple(sorted(r for rs in receivers_of.values() for r in rs))
-    received = me.rank in receivers
+    mine = sharding.holders(me.rank)
+    receivers = _receivers(plan)
     if receivers:
         logger.warning(
             "repairing rank(s) %s from rank %s at step %d (%s)",
             ", ".join(map(str, receivers)),
-            ", ".join(str(sources[h]) for h in shard_groups if receivers_of[h]),
+            ", ".join(str(sources[h]) for h in sorted(plan) if plan[h][1]),
             step,
             "; ".join(s.describe() for s in states if s.rank in receivers),
         )
-    mine = sharding.holders(me.rank)
-    my_source, my_receivers = sources[mine], receivers_of[mine]
-    if my_receivers and (me.rank == my_source or received):
-        group = dist.new_group(
-            ranks=[my_source, *my_receivers],
-            backend="gloo",
-            timeout=timedelta(seconds=timeout_s),
-            use_local_synchronization=True,
+    hashes = TensorHashes(hash_threads())
+    began = time.perf_counter()
+    try:
+        if me.rank not in receivers:
+            # This rank's state is final: hash it while the receivers' state travels.
+            hashes.submit(state.tensors())
+        committed, moved = _transfer(
+            state, committed, plan[mine], me.rank, hashes, fresh, timeout_s
         )
-        try:
-            if me.rank == my_source:
-                _send(state, committed, my_source, group)
-            else:
-                committed = _receive(state, my_source, group, fresh=fresh)
-        finally:
-            dist.destroy_process_group(group)
-    after = _gather(local_state(state, committed, fresh=False), None)
-    differ = [
-        s
-        for holders, src_rank in sources.items()
-        for s in (after[r] for r in holders)
-        if (s.committed, s.digest) != (after[src_rank].committed, after[src_rank].digest)
-    ]
+        moved_s = time.perf_counter() - began
+        digest = state.digest(committed, hashes)
+    finally:
+        hashes.close()
+    after = _gather(RankState(me.rank, committed, 0, digest), None)
+    if me.rank in receivers:
+        logger.info(
+            "rank %d took %.1f MB of step %d from rank %d: transfer %.3f s (%.0f MB/s), "
+            "checked %.3f s later",
+            me.rank,
+            moved / 1e6,
+            committed,
+            sources[mine],
+            moved_s,
+            moved / 1e6 / max(moved_s, 1e-9),
+            time.perf_counter() - began - moved_s,
+        )
+    differ = _differing(after, sources, sharding)
+    if differ and not set(differ) & set(receivers):
+        # Ranks that were neither behind nor replacements nor suspect, whose state was not the
+        # source's all the same: they take it now, as the receivers did.
+        logger.warning(
+            "rank(s) %s held state other than the replica source's at step %d: repairing them "
+            "too (%s)",
+            ", ".join(map(str, differ)),
+            step,
+            "; ".join(after[r].describe() for r in differ),
+        )
+        again = {h: (src, tuple(r for r in h if r in differ)) for h, (src, _) in plan.items()}
+        if me.rank in differ or me.rank == again[mine][0]:
+            with TensorHashes(hash_threads()) as fresh_hashes:
+                committed, _ = _transfer(
+                    state, committed, again[mine], me.rank, fresh_hashes, False, timeout_s
+                )
+                if me.rank in differ:
+                    digest = state.digest(committed, fresh_hashes)
+        after = _gather(RankState(me.rank, committed, 0, digest), None)
+        receivers = tuple(sorted({*receivers, *differ}))
+        differ = _differing(after, sources, sharding)
     if differ:
-        named = ", ".join(str(sources[sharding.holders(s.rank)]) for s in differ)
+        named = ", ".join(str(sources[sharding.holders(r)]) for r in differ)
         raise ReplicaError(
-            f"ranks {', '.join(str(s.rank) for s in differ)} differ from the replica source "
+            f"ranks {', '.join(map(str, differ))} differ from the replica source "
             f"rank(s) {named} after the repair: " + "; ".join(s.describe() for s in after)
         )
     if state.zero_replica is not None and receivers:
@@ -256,7 +284,53 @@ def repair(
             repair_partitions(state.zero_replica, receivers)
         except ZeroReplicaError as e:
             raise ReplicaError(str(e)) from e
-    return Repaired(step=committed, received=received, receivers=receivers, source=my_source)
+    return Repaired(
+        step=committed, received=me.rank in receivers, receivers=receivers, source=sources[mine]
+    )
+
+
+def _receivers(plan: Mapping[tuple[int, ...], tuple[int, tuple[int, ...]]]) -> tuple[int, ...]:
+    return tuple(sorted(r for _, rs in plan.values() for r in rs))
+
+
+def _differing(
+    after: list[RankState], sources: Mapping[tuple[int, ...], int], sharding: Sharding
+) -> list[int]:
+    """The ranks whose step or digest differ from their shard's source's."""
+    return sorted(
+        r
+        for holders, src in sources.items()
+        for r in holders
+        if (after[r].committed, after[r].digest) != (after[src].committed, after[src].digest)
+    )
+
+
+def _transfer(
+    state: TrainState,
+    committed: int,
+    shard: tuple[int, tuple[int, ...]],
+    rank: int,
+    hashes: TensorHashes,
+    fresh: bool,
+    timeout_s: float,
+) -> tuple[int, int]:
+    """Send or receive this rank's shard (``(source, receivers)``), when it takes part: the
+    committed steps this rank holds afterwards and the bytes of tensors it sent or took."""
+    source, receivers = shard
+    if not receivers or (rank != source and rank not in receivers):
+        return committed, 0
+    group = dist.new_group(
+        ranks=[source, *receivers],
+        backend="gloo",
+        timeout=timedelta(seconds=timeout_s),
+        use_local_synchronization=True,
+    )
+    try:
+        if rank == source:
+            return committed, _send(state, committed, source, group)
+        return _receive(state, source, group, fresh=fresh, hashes=hashes)
+    finally:
+        dist.destroy_process_group(group)
 
 
 # -- the wire format -------------------------------------------------------------------------
@@ -364,20 +438,25 @@ def _as_dtensors(
     return out
 
 
-def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> None:
+def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> int:
     description, tensors = describe(state, committed)
     payload = torch.frombuffer(bytearray(json.dumps(description).encode()), dtype=torch.uint8)
     header = torch.tensor([FORMAT, payload.numel()], dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
     dist.broadcast(payload, src=source, group=group)
-    for tensor in tensors:
-        dist.broadcast(tensor, src=source, group=group)
+    # Every tensor's broadcast is queued at once: the next one's handshake overlaps this one.
+    works = [dist.broadcast(t, src=source, group=group, async_op=True) for t in tensors]
+    for work in works:
+        if work is not None:
+            work.wait()
+    sent = sum(t.numel() * t.element_size() for t in tensors)
     logger.info(
         "sent %d tensors (%.1f MB) of step %d to the repaired ranks",
         len(tensors),
-        sum(t.numel() * t.element_size() for t in tensors) / 1e6,
+        sent / 1e6,
         committed,
     )
+    return sent
 
 
 def _check_model(
@@ -409,7 +488,15 @@ def _group_size(encoded: Any) -> int:
     raise ReplicaError("the replica's optimizer parameter group has no params")
 
 
-def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh: bool) -> int:
+def _receive(
+    state: TrainState,
+    source: int,
+    group: dist.ProcessGroup,
+    *,
+    fresh: bool,
+    hashes: TensorHashes,
+) -> tuple[int, int]:
+    """Take the source's state: the committed steps it holds and the bytes of tensors taken."""
     header = torch.empty(2, dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
     if int(header[0]) != FORMAT:
@@ -436,13 +523,19 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
         tensor = own[str(entry["name"])]
         if tensor.is_contiguous():
             targets[int(entry["tensor"])] = tensor
-    tensors = []
-    for index, spec in enumerate(table):
-        target = targets[index]
-        if target is None:
-            target = torch.empty(spec["shape"], dtype=_dtype(str(spec["dtype"])))
-        dist.broadcast(target, src=source, group=group)
-        tensors.append(target)
+    tensors = [
+        target
+        if target is not None
+        else torch.empty(spec["shape"], dtype=_dtype(str(spec["dtype"])))
+        for target, spec in zip(targets, table, strict=True)
+    ]
+    # Queued at once, waited in order; each tensor is hashed (for the check after the repair)
+    # while the next ones arrive.
+    works = [dist.broadcast(t, src=source, group=group, async_op=True) for t in tensors]
+    for work, tensor in zip(works, tensors, strict=True):
+        if work is not None:
+            work.wait()
+        hashes.submit([tensor])
     with torch.no_grad():
         for entry in description["model"]:
             tensor = own[str(entry["name"])]
@@ -477,4 +570,4 @@ def _receive(state: TrainState, source: int, group: dist.ProcessGroup, *, fresh:
                 state.data.load(decode(sent, tensors))
     except (StateCodecError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ReplicaError(f"the replica's state cannot be loaded here: {e}") from e
-    return committed
+    return committed, sum(t.numel() * t.element_size() for t in tensors)

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.optimizer import is_zero
 from unbroken.worker.data import Batches
-from unbroken.worker.digest import state_digest, update_digest
+from unbroken.worker.digest import TensorHashes, tensor_sha256, tensors_in, update_digest
 from unbroken.worker.sharding import Sharding, sharding_of
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.zero import ReplicaOptimizer
@@ -180,23 +180,23 @@ class TrainState:
         for name, obj in self.objects.items():
             obj.load_state_dict(state_dicts[name])
 
-    def digests(self, committed: int) -> dict[str, bytes]:
+    def digests(self, committed: int, hashes: TensorHashes | None = None) -> dict[str, bytes]:
         """sha256 of each part: ``model``, ``optimizer``, each registered object, ``data``
-        (the position, which every replica shares) and the committed steps."""
-        parts: dict[str, bytes] = {
-            "model": hashlib.sha256(state_digest(self.module).encode()).digest()
-        }
+        (the position, which every replica shares) and the committed steps. Each part is a
+        tree (:mod:`unbroken.worker.digest`): its structure with every tensor's own sha256,
+        taken from ``hashes`` (hashed in the background, or as a repair received them)."""
+        tensor_hash = hashes if hashes is not None else tensor_sha256
+        model = hashlib.sha256()
+        for key, value in sorted(self.module.state_dict().items()):
+            model.update(key.encode())
+            update_digest(model, value, tensor_hash)
+        parts: dict[str, bytes] = {"model": model.digest()}
         optimizer = hashlib.sha256()
-        if self.zero_replica is not None:
-            # The hyperparameters, the same on every rank; the partitions are compared with
-            # their replicas (unbroken.worker.zero.verify).
-            update_digest(optimizer, optimizer_state(self.optimizer)["param_groups"])
-        else:
-            update_digest(optimizer, optimizer_state(self.optimizer))
+        update_digest(optimizer, self._optimizer_part(), tensor_hash)
         parts["optimizer"] = optimizer.digest()
         for name, obj in self.objects.items():
             h = hashlib.sha256()
-            update_digest(h, obj.state_dict())
+            update_digest(h, obj.state_dict(), tensor_hash)
             parts[f"state[{name}]"] = h.digest()
         h = hashlib.sha256(f"committed:{committed}".encode())
         if self.data is not None:
@@ -204,10 +204,26 @@ class TrainState:
         parts["data"] = h.digest()
         return parts
 
-    def digest(self, committed: int) -> bytes:
+    def _optimizer_part(self) -> dict[str, Any]:
+        if self.zero_replica is not None:
+            # The hyperparameters, the same on every rank; the partitions are compared with
+            # their replicas (unbroken.worker.zero.verify).
+            return {"param_groups": optimizer_state(self.optimizer)["param_groups"]}
+        return optimizer_state(self.optimizer)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor :meth:`digests` hashes, in its order (for :meth:`TensorHashes.submit`)."""
+        model = self.module.state_dict()
+        out = [t for key in sorted(model) for t in tensors_in(model[key])]
+        out.extend(tensors_in(self._optimizer_part()))
+        for obj in self.objects.values():
+            out.extend(tensors_in(obj.state_dict()))
+        return out
+
+    def digest(self, committed: int, hashes: TensorHashes | None = None) -> bytes:
         """One sha256 over :meth:`digests`."""
         h = hashlib.sha256()
-        for name, value in self.digests(committed).items():
+        for name, value in self.digests(committed, hashes).items():
             h.update(name.encode())
             h.update(value)
         return h.digest()
