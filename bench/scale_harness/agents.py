@@ -55,8 +55,18 @@ RANKS = 8
 STEP_S = 1.0  # the simulated ranks' step time
 
 
-def _dumps(obj: JsonObj) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+def _json(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _dumps(obj: JsonObj | bytes) -> bytes:
+    return obj if isinstance(obj, bytes) else _json(obj).encode()
+
+
+#: A heartbeat row's fields that move with every step, and their values left out (the
+#: encoder leaves a field at its default out).
+_MOVING = ("tick", "tick_at", "step", "step_at", "committed", "committed_at")
+_DEFAULTS = (0, 0.0, -1, 0.0, 0, 0.0)
 
 
 def _loads(data: bytes) -> JsonObj:
@@ -81,7 +91,7 @@ class Fleet:
         #: The pods of the job: a generation's ranks rendezvous once all of them entered it.
         self.world = world
         self._entered: dict[int, int] = {}
-        self._complete: dict[int, asyncio.Event] = {}
+        self._complete: dict[int, asyncio.Future[float]] = {}
         #: When each generation's rendezvous completed (the last pod entered it).
         self.rendezvous_at: dict[int, float] = {}
         self.heartbeat_s = heartbeat_s
@@ -102,20 +112,26 @@ class Fleet:
         """A pod's ranks entered ``generation``."""
         n = self._entered[generation] = self._entered.get(generation, 0) + 1
         if n >= self.world and generation not in self.rendezvous_at:
-            self.rendezvous_at[generation] = time.time()
-            self._event(generation).set()
+            self.rendezvous_at[generation] = at = time.time()
+            self._settle(generation, at)
 
-    def _event(self, generation: int) -> asyncio.Event:
-        return self._complete.setdefault(generation, asyncio.Event())
+    def _settle(self, generation: int, at: float) -> None:
+        done = self._complete.get(generation)
+        if done is None:
+            done = self._complete[generation] = asyncio.get_running_loop().create_future()
+        if not done.done():
+            done.set_result(at)
 
     async def rendezvous(self, generation: int, timeout_s: float = 60.0) -> float:
         """When ``generation``'s ranks have all entered it (waited for up to ``timeout_s``,
-        then now: a rendezvous that never completes shows as a late first commit)."""
-        try:
-            await asyncio.wait_for(self._event(generation).wait(), timeout_s)
-        except TimeoutError:
-            return time.time()
-        return self.rendezvous_at[generation]
+        then now: a rendezvous that never completes shows as a late first commit). Every
+        agent waits on one future (10k waits at once)."""
+        done = self._complete.get(generation)
+        if done is None:
+            loop = asyncio.get_running_loop()
+            done = self._complete[generation] = loop.create_future()
+            loop.call_later(timeout_s, lambda: self._settle(generation, time.time()))
+        return await asyncio.shield(done)
 
     def channel(self, i: int) -> grpc.aio.Channel:
         return self.channels[i % len(self.channels)]
@@ -181,7 +197,7 @@ class SimAgent:
         self.in_flight: set[Any] = set()  # unary calls not yet answered
         self.rank_pids = {node_rank * RANKS + i: self.pid * 16 + i for i in range(RANKS)}
         self._template_key: tuple[Any, ...] | None = None
-        self._template: JsonObj = {}
+        self._template: tuple[str, list[str]] = ("", [])
 
     def silence(self) -> None:
         """The node is lost: nothing more is sent, the order stream is dropped."""
@@ -206,9 +222,9 @@ class SimAgent:
         )
 
     async def send_beat(self) -> JsonObj:
-        return await self.send_body(HEARTBEAT, self.beat_body(time.time()))
+        return await self.send_body(HEARTBEAT, self.beat_wire(time.time()))
 
-    async def send_body(self, method: str, body: JsonObj) -> JsonObj:
+    async def send_body(self, method: str, body: JsonObj | bytes) -> JsonObj:
         if self.silent:
             return {}
         call = self.f.method(self.ch, method)(body, metadata=self.f.meta, timeout=30)
@@ -295,11 +311,13 @@ class SimAgent:
             rows.append(RankProgress(rank=rank, pid=pid, alive=True, record=rec))
         return AgentHeartbeat(ranks=tuple(rows))
 
-    def beat_body(self, now: float) -> JsonObj:
-        """The wire form of :meth:`beat` (what :func:`encode_report` makes of it), patched into
-        a template that :func:`encode_report` made for the ranks' current state: building and
-        encoding 8 records a beat was half the generator's time, and it lagged the control
-        plane it measures."""
+    def beat_wire(self, now: float) -> bytes:
+        """The wire form of :meth:`beat`: what :func:`encode_report` makes of it, as JSON. The
+        fields that do not move are encoded once per state of the ranks (from
+        :func:`encode_report`'s own output) and the step counters and times are written into
+        it: building and encoding 8 records a beat was half the generator's time, and then
+        its JSON encoding most of the rest, while it shares the cores with the control plane
+        it measures."""
         committed = self.committed(now)
         key = (
             self.generation,
@@ -310,26 +328,20 @@ class SimAgent:
         )
         if key != self._template_key:
             self._template_key = key
-            self._template = encode_report(self.sender(now), self.beat(now))
-            return self._template
-        moving = (
-            ("tick", committed, 0),
-            ("tick_at", now, 0.0),
-            ("step", committed + 1, -1),
-            ("step_at", now, 0.0),
-            ("committed", committed, 0),
-            ("committed_at", now, 0.0),
+            template = encode_report(self.sender(now), self.beat(now))
+            head = {k: v for k, v in template.items() if k not in ("at", "ranks")}
+            rows = [{k: v for k, v in r.items() if k not in _MOVING} for r in template["ranks"]]
+            # Each without its closing brace: the moving fields follow.
+            self._template = (_json(head)[:-1], [_json(r)[:-1] for r in rows])
+        head, rows = self._template
+        values = (committed, now, committed + 1, now, committed, now)
+        moving = "".join(
+            f',"{name}":{_json(value)}'
+            for name, value, default in zip(_MOVING, values, _DEFAULTS, strict=True)
+            if value != default
         )
-        rows = []
-        for row in self._template["ranks"]:
-            out = dict(row)
-            for name, value, default in moving:
-                if value != default:
-                    out[name] = value
-                else:
-                    out.pop(name, None)
-            rows.append(out)
-        return {**self._template, "at": now, "ranks": rows}
+        ranks = ",".join(f"{row}{moving}}}" for row in rows)
+        return f'{head},"at":{_json(now)},"ranks":[{ranks}]}}'.encode()
 
     async def run(self) -> None:
         reply = await self.send(AgentHello(pid=self.pid, node_rank=self.node_rank, nproc=RANKS))

@@ -1,10 +1,11 @@
-"""The load harness's simulated agent sends a heartbeat's wire form patched into a template;
-it must be what the protocol's encoder makes of the same heartbeat, in every state. Its ranks
+"""The load harness's simulated agent writes a heartbeat's wire form into a template; it must
+be what the protocol's encoder makes of the same heartbeat, in every state. Its ranks
 rendezvous as real ranks do: no step moves before every pod entered the generation."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,7 +36,7 @@ def test_a_heartbeats_wire_form_is_the_encoders_in_every_state() -> None:
         if k == 25:
             agent._started(1, 7)  # rejoined from a replica's step
             agent.gen_start, agent.waiting = now, False
-        fast = agent.beat_body(now)
+        fast = json.loads(agent.beat_wire(now))
         assert fast == encode_report(agent.sender(now), agent.beat(now)), k
         # And the manager reads it as the heartbeat it is.
         _, beat = decode_report("AgentHeartbeat", fast)
