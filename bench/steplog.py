@@ -19,6 +19,9 @@ all of them, from outside the launcher:
   O_EXCL, so the replayed step does not fire again). That is the spot where Unbroken's chaos
   entry ``{kind: kill, rank: R, at_step: STEP}`` fires; plain ``torchrun`` has no such hook.
 
+The repair from a replica logs what it moved (:mod:`unbroken.worker.replica`, at INFO) to the
+same file as ``<time.time()> replica <message>``.
+
 It hooks :meth:`unbroken.worker.Session.steps` (the loop the example iterates) by wrapping the
 generator; the step body, the commit and the checkpoints are the example's own. Each log line
 costs one ``write`` per step.
@@ -82,6 +85,22 @@ def _install(log: TextIO, rank: int, kill: tuple[int, int] | None) -> None:
     Session.steps = steps  # type: ignore[method-assign]
 
 
+def _log_repairs(log: TextIO) -> None:
+    """The repair's figures (bytes taken, transfer and check time; logged at INFO by
+    :mod:`unbroken.worker.replica`) go to the step log as ``<time> replica <message>``."""
+    import logging
+
+    class ToStepLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            log.write(f"{record.created:.6f} replica {record.getMessage()}\n")
+
+    logger = logging.getLogger("unbroken.worker.replica")
+    logger.setLevel(logging.INFO)
+    handler = ToStepLog(logging.INFO)
+    handler.addFilter(lambda record: record.levelno == logging.INFO)
+    logger.addHandler(handler)
+
+
 def example(argv: list[str]) -> Path:
     """The example that ``argv`` (this script's arguments, passed through) runs."""
     p = argparse.ArgumentParser(add_help=False)
@@ -99,6 +118,7 @@ def main() -> None:
     log = open(LOG_DIR / f"rank{rank}-{os.getpid()}.log", "a", buffering=1)  # noqa: SIM115
     log.write(f"{time.time():.6f} begin 0\n")
     _install(log, rank, _kill_spec())
+    _log_repairs(log)
     script = example(sys.argv[1:])
     sys.argv = [str(script), *sys.argv[1:]]
     sys.path.insert(0, str(script.parent))

@@ -38,15 +38,24 @@ D_IN, D_HIDDEN, D_HIDDEN2, N_CLASSES = 128, 512, 256, 16
 BATCH = 32  # per data-parallel rank
 
 
-def make_model(seed: int) -> nn.Module:
+def make_model(seed: int, width: int = 0, layers: int = 0) -> nn.Module:
+    """The MLP; with ``width`` and ``layers``, ``layers`` hidden layers of ``width`` units
+    instead of the two small ones (about ``(layers - 1) * width**2`` parameters)."""
     torch.manual_seed(seed)
+    if width <= 0:
+        return nn.Sequential(
+            nn.Linear(D_IN, D_HIDDEN),
+            nn.ReLU(),
+            nn.Dropout(0.1),
+            nn.Linear(D_HIDDEN, D_HIDDEN2),
+            nn.ReLU(),
+            nn.Linear(D_HIDDEN2, N_CLASSES),
+        )
+    hidden: list[nn.Module] = []
+    for _ in range(max(layers, 1) - 1):
+        hidden += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(
-        nn.Linear(D_IN, D_HIDDEN),
-        nn.ReLU(),
-        nn.Dropout(0.1),
-        nn.Linear(D_HIDDEN, D_HIDDEN2),
-        nn.ReLU(),
-        nn.Linear(D_HIDDEN2, N_CLASSES),
+        nn.Linear(D_IN, width), nn.ReLU(), nn.Dropout(0.1), *hidden, nn.Linear(width, N_CLASSES)
     )
 
 
@@ -67,13 +76,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds of 'compute'")
+    p.add_argument("--width", type=int, default=0, help="hidden width (0: the small model)")
+    p.add_argument("--layers", type=int, default=0, help="hidden layers of --width units")
     args = p.parse_args()
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
 
-    model = make_model(args.seed)
+    model = make_model(args.seed, args.width, args.layers)
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()

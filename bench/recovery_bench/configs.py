@@ -152,6 +152,7 @@ class Settings:
     step_sleep_s: float
     recovery_timeout_s: float
     run_timeout_s: float
+    model_args: tuple[str, ...] = ()  # more arguments to the example (its model's size)
 
     @property
     def expected_recomputed(self) -> int:
@@ -171,4 +172,5 @@ class Settings:
             f"--ckpt-every={self.ckpt_every}",
             f"--step-sleep={self.step_sleep_s}",
             "--result=result.json",
+            *self.model_args,
         ]

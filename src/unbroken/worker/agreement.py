@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from unbroken.worker.digest import TensorHashes, hash_threads
 from unbroken.worker.trainstate import TrainState
 
 
@@ -57,7 +58,9 @@ def check(
     """Compare every rank's digests (collective: ``gather`` all-gathers a tensor, by default
     over the default group); raises :class:`ReplicasDiverged` when they differ, and what the
     collective raises when it fails."""
-    parts = state.digests(committed)
+    with TensorHashes(hash_threads()) as hashes:
+        hashes.submit(state.tensors())  # on this rank's share of the host's CPUs
+        parts = state.digests(committed, hashes)
     mine = _to_tensor(parts)
     gathered = gather(mine)
     names = list(parts)

@@ -234,22 +234,23 @@ def repair(
         committed, moved = _transfer(
             state, committed, plan[mine], me.rank, hashes, fresh, timeout_s
         )
-        moved_s = time.perf_counter() - began
+        moved_at = time.perf_counter()
         digest = state.digest(committed, hashes)
     finally:
         hashes.close()
     after = _gather(RankState(me.rank, committed, 0, digest), None)
     if me.rank in receivers:
         logger.info(
-            "rank %d took %.1f MB of step %d from rank %d: transfer %.3f s (%.0f MB/s), "
-            "checked %.3f s later",
+            "rank %d took %.1f MB of step %d from rank %d: transfer %.3f s (%.0f MB/s) after "
+            "%.3f s of group setup, checked %.3f s later",
             me.rank,
-            moved / 1e6,
+            moved.nbytes / 1e6,
             committed,
             sources[mine],
-            moved_s,
-            moved / 1e6 / max(moved_s, 1e-9),
-            time.perf_counter() - began - moved_s,
+            moved.data_s,
+            moved.nbytes / 1e6 / max(moved.data_s, 1e-9),
+            moved_at - began - moved.data_s,
+            time.perf_counter() - moved_at,
         )
     differ = _differing(after, sources, sharding)
     if differ and not set(differ) & set(receivers):
@@ -313,12 +314,12 @@ def _transfer(
     hashes: TensorHashes,
     fresh: bool,
     timeout_s: float,
-) -> tuple[int, int]:
+) -> tuple[int, Moved]:
     """Send or receive this rank's shard (``(source, receivers)``), when it takes part: the
-    committed steps this rank holds afterwards and the bytes of tensors it sent or took."""
+    committed steps this rank holds afterwards and what it sent or took."""
     source, receivers = shard
     if not receivers or (rank != source and rank not in receivers):
-        return committed, 0
+        return committed, Moved(0, 0.0)
     group = dist.new_group(
         ranks=[source, *receivers],
         backend="gloo",
@@ -438,8 +439,18 @@ def _as_dtensors(
     return out
 
 
-def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> int:
+@dataclass(frozen=True)
+class Moved:
+    """The bytes of tensors a rank sent or took, and the seconds from the header's broadcast
+    to the last tensor's."""
+
+    nbytes: int
+    data_s: float
+
+
+def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> Moved:
     description, tensors = describe(state, committed)
+    began = time.perf_counter()
     payload = torch.frombuffer(bytearray(json.dumps(description).encode()), dtype=torch.uint8)
     header = torch.tensor([FORMAT, payload.numel()], dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
@@ -449,14 +460,14 @@ def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGro
     for work in works:
         if work is not None:
             work.wait()
-    sent = sum(t.numel() * t.element_size() for t in tensors)
+    moved = Moved(sum(t.numel() * t.element_size() for t in tensors), time.perf_counter() - began)
     logger.info(
         "sent %d tensors (%.1f MB) of step %d to the repaired ranks",
         len(tensors),
-        sent / 1e6,
+        moved.nbytes / 1e6,
         committed,
     )
-    return sent
+    return moved
 
 
 def _check_model(
@@ -495,8 +506,9 @@ def _receive(
     *,
     fresh: bool,
     hashes: TensorHashes,
-) -> tuple[int, int]:
-    """Take the source's state: the committed steps it holds and the bytes of tensors taken."""
+) -> tuple[int, Moved]:
+    """Take the source's state: the committed steps it holds and what was taken."""
+    began = time.perf_counter()
     header = torch.empty(2, dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
     if int(header[0]) != FORMAT:
@@ -536,6 +548,7 @@ def _receive(
         if work is not None:
             work.wait()
         hashes.submit([tensor])
+    data_s = time.perf_counter() - began
     with torch.no_grad():
         for entry in description["model"]:
             tensor = own[str(entry["name"])]
@@ -570,4 +583,4 @@ def _receive(
                 state.data.load(decode(sent, tensors))
     except (StateCodecError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ReplicaError(f"the replica's state cannot be loaded here: {e}") from e
-    return committed, sum(t.numel() * t.element_size() for t in tensors)
+    return committed, Moved(sum(t.numel() * t.element_size() for t in tensors), data_s)

@@ -1,0 +1,232 @@
+"""What Unbroken costs a training step when nothing fails, against model size.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/overhead_size.py --sizes 10M,50M,100M
+
+For each size, ``--world`` ranks (started as ``bench/ranks.py`` does: Unbroken's variables
+set, a recovery mailbox, so in-process recovery is on) train the MLP of
+``examples/train_mlp.py`` with ``--width``/``--layers`` (AdamW, fp32, DDP on gloo with
+``find_unused_parameters=True``), batches from a ``StatefulDataLoader`` given to the session
+(``data=``: the data tape), an LR scheduler registered with it, gradient clipping, and alternate
+blocks of ``--block`` steps:
+
+- *plain*: a ``range`` loop, DDP's own bucketed all-reduce, no step snapshot, no agreement check:
+  what the script costs without Unbroken;
+- *Unbroken*: ``session.steps`` with everything on: the failure-tolerant gradient hook, the
+  optimizer wrapper, per-step seeding, the mailbox poll, the heartbeat, the step snapshot and the
+  data tape; the agreement check runs every ``--agree-every`` steps (``unbroken.worker.init``'s
+  default), which few blocks reach, so it is timed alone and amortized over its interval.
+
+Printed per size: the median and mean step of each loop and their ratio, and each part timed
+alone: the session's loop with an empty body (hooks, heartbeat, mailbox), one step snapshot, the
+data tape's ``state_dict()``, and one agreement check (every byte of the state hashed, the
+digests all-gathered), with its share of a step at its interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from model_size import SIZES, params_of
+from ranks import run_ranks
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DistributedSampler, TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    sys.path.insert(0, str(EXAMPLES))
+    from train_mlp import D_IN, N_CLASSES, make_model
+
+    import unbroken.worker as ub
+    from unbroken.worker import agreement
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = make_model(0, args.width, args.layers)
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step) ** 0.5)
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(4096, D_IN, generator=g)
+    dataset = TensorDataset(xs, (xs @ torch.randn(D_IN, N_CLASSES, generator=g)).argmax(dim=1))
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0, drop_last=True)
+    loader = StatefulDataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True)
+    loss_fn = nn.CrossEntropyLoss()
+    session = ub.init(
+        ddp,
+        opt,
+        state={"scheduler": scheduler},
+        data=loader,
+        seed=0,
+        agree_every=args.agree_every,
+    )
+    recovery = session._recovery
+    assert recovery is not None, "in-process recovery is off in this configuration"
+    sync = recovery.sync
+    hooked_bucket = sync._on_bucket
+    state = session.state
+    begin = state.begin
+    plain_batches = iter(itertools.cycle(loader))
+
+    def plain_bucket(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return allreduce_hook(sync.group, bucket)
+
+    def begin_plain(step: int, *, snapshot: bool) -> None:
+        begin(step, snapshot=False)
+
+    def body(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(ddp(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        opt.step()
+        scheduler.step()
+
+    def blocks(on: bool) -> list[float]:
+        marks = []
+        dist.barrier()
+        if on:
+            sync._on_bucket = hooked_bucket  # type: ignore[method-assign]
+            state.begin = begin  # type: ignore[method-assign]
+            for _step in session.steps(session.committed + args.block):
+                marks.append(time.perf_counter())
+                body(*session.batch())
+        else:
+            sync._on_bucket = plain_bucket  # type: ignore[method-assign]
+            state.begin = begin_plain  # type: ignore[method-assign]
+            for _step in range(args.block):
+                marks.append(time.perf_counter())
+                body(*next(plain_batches))
+        marks.append(time.perf_counter())
+        return [b - a for a, b in itertools.pairwise(marks)]
+
+    blocks(True)  # warm-up
+    plain: list[float] = []
+    full: list[float] = []
+    for _ in range(args.repeats):
+        plain += blocks(False)
+        full += blocks(True)
+
+    def alone(fn: Any, n: int) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    n = 2000
+    empty_s = alone(lambda: None, n)
+    t0 = time.perf_counter()
+    for _step in session.steps(session.committed + n):
+        pass
+    session_s = (time.perf_counter() - t0) / n - empty_s
+    snapshot_s = alone(lambda: begin(session.committed, snapshot=True), 20)
+    tape_s = alone(loader.state_dict, 200)
+    check_s = alone(lambda: agreement.check(state, session.committed, sync.all_gather), 3)
+    session.close()
+    if rank == 0:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "plain_s": plain,
+                    "full_s": full,
+                    "session_s": session_s,
+                    "snapshot_s": snapshot_s,
+                    "tape_s": tape_s,
+                    "check_s": check_s,
+                }
+            )
+        )
+
+
+def measure(args: argparse.Namespace, width: int, layers: int) -> dict[str, Any]:
+    def argv(tmp: Path) -> list[str]:
+        out = [f"--width={width}", f"--layers={layers}"]
+        for name in ("block", "repeats", "batch", "agree_every"):
+            out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        return out
+
+    return run_ranks(__file__, args.world, argv, mailbox=True)
+
+
+def row(name: str, params: int, r: dict[str, Any], agree_every: int) -> str:
+    plain, full = statistics.median(r["plain_s"]), statistics.median(r["full_s"])
+    mean_p, mean_f = statistics.fmean(r["plain_s"]), statistics.fmean(r["full_s"])
+    check_step = r["check_s"] / agree_every
+    parts = r["session_s"] + r["snapshot_s"] + r["tape_s"] + check_step
+    return (
+        f"| {name} ({params / 1e6:.1f}M) | {plain * 1e3:.0f} ms | "
+        f"{(full / plain - 1) * 100:+.2f} % / {(mean_f / mean_p - 1) * 100:+.2f} % | "
+        f"{r['session_s'] * 1e6:.0f} us | {r['snapshot_s'] * 1e6:.0f} us | "
+        f"{r['tape_s'] * 1e6:.0f} us | {r['check_s'] * 1e3:.0f} ms ({check_step * 1e6:.0f} us) | "
+        f"{parts / plain * 100:.2f} % |"
+    )
+
+
+HEAD = (
+    "| model | plain step (median) | Unbroken's step over plain, median / mean | hooks, "
+    "heartbeat, mailbox (per step) | step snapshot | data tape | agreement check (per step "
+    "at its interval) | the parts alone, share of the step |\n|---|---|---|---|---|---|---|---|"
+)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="10M,50M,100M", help=f"of {', '.join(SIZES)}")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--block", type=int, default=5, help="steps per alternating block")
+    p.add_argument("--repeats", type=int, default=6, help="blocks of each kind")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--agree-every", type=int, default=100)
+    p.add_argument("--markdown", type=Path, default=None, help="the README's table")
+    p.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--layers", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_worker:
+        _rank_main(args)
+        return
+    load0 = os.getloadavg()[0]
+    print(
+        f"world {args.world}, blocks of {args.block} steps, {args.repeats} of each loop, "
+        f"batch {args.batch}, agreement every {args.agree_every} steps; load {load0:.1f}",
+        flush=True,
+    )
+    rows = []
+    for name in args.sizes.split(","):
+        width, layers = SIZES[name]
+        r = measure(args, width, layers)
+        rows.append(row(name, params_of(width, layers), r, args.agree_every))
+        print(rows[-1], flush=True)
+    text = (
+        HEAD
+        + "\n"
+        + "\n".join(rows)
+        + f"\n\nLoad average {load0:.1f} before, {os.getloadavg()[0]:.1f} after; "
+        f"{os.cpu_count()} CPUs, world {args.world}."
+    )
+    print("\n" + text)
+    if args.markdown is not None:
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
