@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -41,6 +42,8 @@ def main() -> None:
     p.add_argument("--diverged", type=int, default=-1)
     args = p.parse_args()
     torch.set_num_threads(1)
+    logging.basicConfig(format="%(created)f replica %(message)s")
+    logging.getLogger("unbroken.worker.replica").setLevel(logging.INFO)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     fresh = rank == args.fresh

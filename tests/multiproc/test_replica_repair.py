@@ -4,10 +4,14 @@ receives, and that every rank ends with the source's state, checked by digest.""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from tests.support.worker_ranks import REPO, Cluster
+
+sys.path.insert(0, str(REPO / "bench"))
+from model_size import REPAIR
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(180)]
 
@@ -34,6 +38,14 @@ def test_a_replacement_and_an_unflagged_diverged_rank_both_end_with_the_sources_
     assert result == {"receivers": [1, 2], "equal": [True, True, True], "step": 3}
     assert "repairing rank(s) 1 from rank 0 at step 3 (rank 1: 0 steps, replacement)" in logs
     assert "rank(s) 2 held state other than the replica source's at step 3" in logs, logs
+    # What the receiver says it took, in the form bench/model_size.py reads.
+    (took,) = [line for line in logs.splitlines() if REPAIR.match(line)]
+    assert " replica rank 1 took " in took and " of step 3 from rank 0: " in took
+
+
+def test_the_model_size_benchmark_reads_the_repairs_log_line(tmp_path: Path) -> None:
+    _, logs = run(tmp_path, "--fresh", "2")
+    assert len([line for line in logs.splitlines() if REPAIR.match(line)]) == 1, logs
 
 
 def test_ranks_equal_to_the_source_take_nothing(tmp_path: Path) -> None:
