@@ -647,6 +647,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         help="checkpoint every this many seconds of work instead of sweeping for the best",
     )
+    p.add_argument(
+        "--ladder-per-doubling-s",
+        type=float,
+        metavar="S",
+        help="the in-process rungs' recovery grows S s per doubling of the devices (the costs"
+        " file's assumed communication rebuild; bench/scale.py measures the control plane's)",
+    )
+    p.add_argument(
+        "--state-gb",
+        type=float,
+        metavar="G",
+        help="each rank's training state at scale (GB): the in-process rungs move it from a"
+        " replica at --state-s-per-gb, on top of their measured state phase",
+    )
+    p.add_argument(
+        "--state-s-per-gb",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds per GB of a rank's state moved from a replica (bench/model_size.py's line)",
+    )
     p.add_argument("--print-costs", action="store_true", help="print the costs used (JSON)")
     p.add_argument(
         "--write-costs", type=Path, metavar="PATH", help="write the costs used (JSON) and stop"
@@ -671,6 +692,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             slot["measured_s"] = {"restart": args.restart_overhead_s}
             slot.pop("per_doubling_s", None)
             slot.pop("at_scale_s", None)
+        for rung in ("retry", "recover-in-place", "recover"):
+            slot = raw["rungs"][rung]
+            if args.ladder_per_doubling_s is not None:
+                slot.setdefault("per_doubling_s", {})["restart"] = args.ladder_per_doubling_s
+            if args.state_gb is not None:
+                if args.state_gb < 0 or args.state_s_per_gb < 0:
+                    raise ValueError("--state-gb and --state-s-per-gb must be >= 0")
+                slot.setdefault("at_scale_s", {})["state"] = args.state_gb * args.state_s_per_gb
         rate = args.node_failures_per_1000_days
         if rate is not None:
             if rate <= 0 or args.devices_per_node < 1:

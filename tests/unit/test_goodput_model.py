@@ -260,3 +260,20 @@ def test_command_at_a_node_rate_a_restart_and_an_interval(
     assert "give --interval-s" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gm.main([*argv, "--job-restart-s", "60"])
+
+
+def test_the_ladders_growth_and_a_ranks_state_at_scale_are_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = tmp_path / "c.json"
+    costs.write_text(json.dumps(_raw()))
+    out_costs = tmp_path / "out.json"
+    argv = ["--costs", str(costs), "--ladder-per-doubling-s", "0.4", "--state-gb", "50"]
+    assert gm.main([*argv, "--state-s-per-gb", "0.5", "--write-costs", str(out_costs)]) == 0
+    written = json.loads(out_costs.read_text())
+    for rung in ("retry", "recover-in-place", "recover"):
+        assert written["rungs"][rung]["per_doubling_s"]["restart"] == 0.4
+        assert written["rungs"][rung]["at_scale_s"]["state"] == 25.0
+    assert "state" not in written["rungs"]["job-restart"].get("at_scale_s", {})
+    assert gm.main([*argv, "--state-s-per-gb", "-1"]) == 2
+    assert "--state-gb and --state-s-per-gb must be >= 0" in capsys.readouterr().err
