@@ -317,12 +317,13 @@ class InProcess:
                 plane=plane,
             )
             orders.append((p.pod, p.pid, order))
-        self.ctx.commands.send_all(orders)
-        # A pod that starts no process does not announce its rejoin (at 10k nodes, 10k calls
-        # while the orders go out): its ranks enter the generation as they are.
-        for p in self.engine.pods.values():
-            if p.pod not in pr.skip_pods and not pr.replace.get(p.pod):
+            if not order.replace:
+                # A pod that starts no process does not announce its rejoin (at 10k nodes,
+                # 10k calls while the orders go out): its ranks enter the generation as they
+                # are. Before the orders go: 80k views made while the server sends them
+                # took the server's loop a second (the interpreter's lock).
                 self.gens.carry_over(p.rank_pids)
+        self.ctx.commands.send_all(orders)
         what = ", ".join(f"ranks {list(r)} of {p}" for p, r in pr.replace.items())
         self.ctx.console.line(
             f"generation {gen}: healthy processes rejoin in place"
