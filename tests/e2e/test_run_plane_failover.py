@@ -24,7 +24,6 @@ from tests.support.cli_runs import (
     of_kind,
     status,
     unbroken,
-    wait_for,
     write_job,
 )
 from tests.support.netns_hosts import Hosts, hosts
@@ -49,24 +48,23 @@ def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_proces
     tmp_path: Path, run_dir: Path, fault_free: Reference
 ) -> None:
     with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, JOB) as run:
-        said = run.said
         # 1. Host 1's links on plane A are reset with every carrier up: the failed
         # collective is the plane's, the job fails over to B and holds plane A suspect.
         _reset_plane_links(h, 1, plane=0)
-        wait_for(lambda: said("failover to plane b done"), "the first failover", 60.0)
+        run.wait_said("failover to plane b done", "the first failover", deadline_s=60.0)
         # 2. An operator sends the job back to plane A.
         res = unbroken("link", "switchback", "--run", run_dir)
         assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
         # 3. Host 1's plane-A link down: failover to B. While it is down, a switchback is
         # refused, saying why; training goes on over plane B.
         h.set_link(1, up=False, plane=0)
-        wait_for(lambda: said("failover to plane b done", 2), "the second failover", 60.0)
+        run.wait_said("failover to plane b done", "the second failover", 2, 60.0)
         res = unbroken("link", "switchback", "--run", run_dir)
         assert res.rc == 1, res.explain()
         assert res.stderr == "unbroken link switchback: plane a is down on node-1\n"
         # 4. Plane A up again: the automatic switchback after 5 s up on every node.
         h.set_link(1, up=True, plane=0)
-        wait_for(lambda: said("switchback to plane a done", 2), "the switchback", 60.0)
+        run.wait_said("switchback to plane a done", "the switchback", 2, 60.0)
         out = run.finish()
     assert "job e2e-planes: SUCCEEDED" in out, out
     # The failed collective is a fault, recovered by the failover; a plane down is not.
@@ -122,9 +120,9 @@ def test_the_seeds_pytorch_configuration_turns_link_failover_on(
     with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, job) as run:
         assert run.said("link failover on"), run.lines
         h.set_link(1, up=False, plane=0)
-        wait_for(lambda: run.said("failover to plane b done"), "the failover", 60.0)
+        run.wait_said("failover to plane b done", "the failover", deadline_s=60.0)
         h.set_link(1, up=True, plane=0)
-        wait_for(lambda: run.said("switchback to plane a done"), "the switchback", 60.0)
+        run.wait_said("switchback to plane a done", "the switchback", deadline_s=60.0)
         out = run.finish()
     assert "job e2e-planes: SUCCEEDED" in out, out
     evs = events(run_dir)

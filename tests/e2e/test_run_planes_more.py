@@ -44,7 +44,7 @@ def test_a_slow_plane_is_sub_healthy_and_left_without_a_fault(
     )
     with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, job) as run:
         h.set_rate(1, "8mbit", plane=0)
-        wait_for(lambda: run.said("failover to plane b done"), "the move off plane a", 90.0)
+        run.wait_said("failover to plane b done", "the move off plane a", deadline_s=90.0)
         h.set_rate(1, None, plane=0)
         assert not run.said("switchback to plane a"), run.lines
         res = unbroken("link", "switchback", "--run", run_dir)
@@ -85,14 +85,17 @@ def test_planes_in_the_cluster_yaml_under_unbroken_run(
             assert running.proc.poll() is None, "the job ended first: " + str(running.output())
             return text in running.output()[0]
 
-        wait_for(lambda: said("step 20/60"), "step 20", 120.0)
+        def tail() -> str:
+            return running.output()[0][-4000:]
+
+        wait_for(lambda: said("step 20/60"), "step 20", 120.0, tail)
         found = re.search(r"node-1: a (\S+),", running.output()[0])
         assert found is not None, running.output()
         link = found.group(1)
         subprocess.run(["ip", "link", "set", link, "down"], check=True)
-        wait_for(lambda: said("failover to plane b done"), "the failover", 60.0)
+        wait_for(lambda: said("failover to plane b done"), "the failover", 60.0, tail)
         subprocess.run(["ip", "link", "set", link, "up"], check=True)
-        wait_for(lambda: said("switchback to plane a done"), "the switchback", 60.0)
+        wait_for(lambda: said("switchback to plane a done"), "the switchback", 60.0, tail)
         done = running.wait()
     finally:
         running.stop()

@@ -196,12 +196,19 @@ class Background:
             self.proc.wait()
 
 
-def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` at the deadline."""
+def wait_for(
+    predicate: Callable[[], bool],
+    what: str,
+    deadline_s: float,
+    context: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` at the deadline, with what
+    ``context`` then says (a run's last lines, say)."""
     deadline = time.monotonic() + deadline_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {deadline_s:.0f} s")
+            said = f"\n{context()}" if context is not None else ""
+            raise AssertionError(f"{what}: not seen within {deadline_s:.0f} s{said}")
         time.sleep(0.2)
 
 

@@ -54,6 +54,14 @@ class Served:
     def said(self, text: str, times: int = 1) -> bool:
         return sum(text in line for line in list(self.lines)) >= times
 
+    def wait_said(self, text: str, what: str, times: int = 1, deadline_s: float = 60.0) -> None:
+        """Wait until the run has said ``text`` ``times`` times; fail showing its last lines."""
+        wait_for(lambda: self.said(text, times), what, deadline_s, self.tail)
+
+    def tail(self, n: int = 40) -> str:
+        """The run's last ``n`` lines of output, and its agents' when they have ended."""
+        return "".join(list(self.lines)[-n:])
+
     def finish(self) -> str:
         """Wait for the run's end; its standard output (it must have exited 0)."""
         self.serve.wait(timeout=RUN_TIMEOUT_S)
