@@ -24,7 +24,6 @@ from tests.support.cli_runs import (
     of_kind,
     status,
     unbroken,
-    write_job,
 )
 from tests.support.netns_hosts import Hosts, hosts
 from tests.support.plane_hosts import served
@@ -51,20 +50,20 @@ def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_proces
         # 1. Host 1's links on plane A are reset with every carrier up: the failed
         # collective is the plane's, the job fails over to B and holds plane A suspect.
         _reset_plane_links(h, 1, plane=0)
-        run.wait_said("failover to plane b done", "the first failover", deadline_s=60.0)
+        run.wait_said("failover to plane b done", "the first failover", deadline_s=120.0)
         # 2. An operator sends the job back to plane A.
         res = unbroken("link", "switchback", "--run", run_dir)
         assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
         # 3. Host 1's plane-A link down: failover to B. While it is down, a switchback is
         # refused, saying why; training goes on over plane B.
         h.set_link(1, up=False, plane=0)
-        run.wait_said("failover to plane b done", "the second failover", 2, 60.0)
+        run.wait_said("failover to plane b done", "the second failover", 2, 120.0)
         res = unbroken("link", "switchback", "--run", run_dir)
         assert res.rc == 1, res.explain()
         assert res.stderr == "unbroken link switchback: plane a is down on node-1\n"
         # 4. Plane A up again: the automatic switchback after 5 s up on every node.
         h.set_link(1, up=True, plane=0)
-        run.wait_said("switchback to plane a done", "the switchback", 2, 60.0)
+        run.wait_said("switchback to plane a done", "the switchback", 2, 120.0)
         out = run.finish()
     assert "job e2e-planes: SUCCEEDED" in out, out
     # The failed collective is a fault, recovered by the failover; a plane down is not.
@@ -96,39 +95,4 @@ def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_proces
     assert st is not None
     planes = {k: st["planes"][k] for k in ("active", "failovers", "switchbacks", "down")}
     assert planes == {"active": "a", "failovers": 2, "switchbacks": 2, "down": []}
-    assert digest(run_dir) == fault_free.digest
-
-
-def test_the_seeds_pytorch_configuration_turns_link_failover_on(
-    tmp_path: Path, run_dir: Path, fault_free: Reference
-) -> None:
-    """The same job configured as the seed's PyTorch scenario ("suspension and switchback for
-    link failover communication": ``retry`` and ``HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1"``,
-    no ``MS_ENABLE_TFT``): host 1's plane-A link down moves the job to plane B, and it comes
-    back by itself once the link is up, every process kept."""
-    job = write_job(
-        tmp_path / "job.yaml",
-        job=JOB,
-        replace={
-            "--step-sleep=0.4": "--step-sleep=0.25",  # one failover and one switchback only
-            'recover-strategy: "retry,recover"': 'recover-strategy: "retry"',
-            '- name: MS_ENABLE_TFT\n                  value: "{TSP:1}"': (
-                '- name: HCCL_OP_RETRY_ENABLE\n                  value: "L0:0, L1:1, L2:1"'
-            ),
-        },
-    )
-    with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, job) as run:
-        assert run.said("link failover on"), run.lines
-        h.set_link(1, up=False, plane=0)
-        run.wait_said("failover to plane b done", "the failover", deadline_s=60.0)
-        h.set_link(1, up=True, plane=0)
-        run.wait_said("switchback to plane a done", "the switchback", deadline_s=60.0)
-        out = run.finish()
-    assert "job e2e-planes: SUCCEEDED" in out, out
-    evs = events(run_dir)
-    [failover] = of_kind(evs, "PlaneFailover")
-    assert failover["reason"] == "plane a down on node-1: failover to plane b", failover
-    [back] = of_kind(evs, "PlaneSwitchback")
-    assert back["reason"].startswith("plane a up on every node for "), back
-    assert started_ranks(evs) == [0, 1, 2, 3]
     assert digest(run_dir) == fault_free.digest

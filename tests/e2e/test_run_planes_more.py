@@ -68,15 +68,25 @@ def test_planes_in_the_cluster_yaml_under_unbroken_run(
     tmp_path: Path, run_dir: Path, fault_free: Reference
 ) -> None:
     """``planes: [a, b]`` in the cluster YAML: ``unbroken run`` makes each node a network
-    namespace with a link on each plane (root), names the links, and the job fails over when
-    node-1's plane-A link goes down and switches back once it is up; every namespace and link
-    it made is gone after the run."""
+    namespace with a link on each plane (root), names the links, and the job, configured as the
+    seed's PyTorch scenario ("suspension and switchback for link failover communication":
+    ``retry`` and ``HCCL_OP_RETRY_ENABLE="L0:0, L1:1, L2:1"``, no ``MS_ENABLE_TFT``), fails over
+    when node-1's plane-A link goes down and switches back by itself once it is up, every
+    process kept; every namespace and link it made is gone after the run."""
     if unavailable():
         pytest.skip(unavailable())
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("nodes: 3\ndevicesPerNode: 2\nplanes: [a, b]\n")
     job = write_job(
-        tmp_path / "job.yaml", job=JOB, replace={"--step-sleep=0.4": "--step-sleep=0.3"}
+        tmp_path / "job.yaml",
+        job=JOB,
+        replace={
+            "--step-sleep=0.4": "--step-sleep=0.3",
+            'recover-strategy: "retry,recover"': 'recover-strategy: "retry"',
+            '- name: MS_ENABLE_TFT\n                  value: "{TSP:1}"': (
+                '- name: HCCL_OP_RETRY_ENABLE\n                  value: "L0:0, L1:1, L2:1"'
+            ),
+        },
     )
     running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, job=job)
     try:
@@ -89,13 +99,14 @@ def test_planes_in_the_cluster_yaml_under_unbroken_run(
             return running.output()[0][-4000:]
 
         wait_for(lambda: said("step 20/60"), "step 20", 120.0, tail)
+        assert said("link failover on"), tail()
         found = re.search(r"node-1: a (\S+),", running.output()[0])
         assert found is not None, running.output()
         link = found.group(1)
         subprocess.run(["ip", "link", "set", link, "down"], check=True)
-        wait_for(lambda: said("failover to plane b done"), "the failover", 60.0, tail)
+        wait_for(lambda: said("failover to plane b done"), "the failover", 120.0, tail)
         subprocess.run(["ip", "link", "set", link, "up"], check=True)
-        wait_for(lambda: said("switchback to plane a done"), "the switchback", 60.0, tail)
+        wait_for(lambda: said("switchback to plane a done"), "the switchback", 120.0, tail)
         done = running.wait()
     finally:
         running.stop()
