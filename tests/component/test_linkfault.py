@@ -76,11 +76,14 @@ def test_the_links_opened_in_a_block_are_noted_without_listeners_or_older_links(
         listener = socket.create_server(("127.0.0.1", 0))
         client = socket.create_connection(server.getsockname())
         accepted, _ = server.accept()
+        local_pair = socket.socketpair()  # a Unix socket pair: a pipe, not a link
+        datagram = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        datagram.connect(server.getsockname())  # has a peer address, and is no link either
     try:
         assert links.inodes == {_inode(client), _inode(accepted)}
         assert _inode(listener) not in links.inodes and _inode(older) not in links.inodes
     finally:
-        for s in (client, accepted, listener, server):
+        for s in (client, accepted, listener, server, datagram, *local_pair):
             s.close()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from unbroken.worker.linkfault import established
+from unbroken.worker.linkfault import connected
 
 _installed = False
 
@@ -41,12 +41,12 @@ def close_inherited_links() -> int:
     forked from a rank); returns how many were closed."""
     try:
         fds = _socket_fds()
-        links = established(fds.keys())
+        links = connected({inode: descriptors[0] for inode, descriptors in fds.items()})
     except OSError:
         return 0
     closed = 0
-    for link in links:
-        for fd in fds.get(link.inode, ()):
+    for inode in links:
+        for fd in fds[inode]:
             try:
                 os.close(fd)
             except OSError:

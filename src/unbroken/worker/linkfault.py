@@ -29,7 +29,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -94,6 +94,35 @@ def _sockets(fd_dir: Path) -> dict[int, int]:
         if target.startswith("socket:[") and target.endswith("]"):
             fds.setdefault(int(target[8:-1]), int(name))
     return fds
+
+
+def connected(sockets: Mapping[int, int]) -> set[int]:
+    """The inodes of those of ``sockets`` (inode -> a descriptor of it in this process) that
+    are TCP connections with a peer. Each socket is asked itself (``getpeername`` on a
+    duplicate of its descriptor), not the host's connection tables: their size grows with every
+    connection of the host, these questions only with the process's own."""
+    out: set[int] = set()
+    for inode, fd in sockets.items():
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)  # not a socket any more (the descriptor was reused)
+            continue
+        try:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and (
+                sock.type == socket.SOCK_STREAM
+            ):
+                sock.getpeername()  # OSError (ENOTCONN): listening, or not connected yet
+                out.add(inode)
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only
+    return out
 
 
 def established(inodes: Collection[int] | None = None) -> list[Connection]:
@@ -198,8 +227,12 @@ class OpenedLinks:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        opened = set(_sockets(_PROC / "self" / "fd")) - self._before
-        self.inodes = frozenset(c.inode for c in established(opened))
+        opened = {
+            inode: fd
+            for inode, fd in _sockets(_PROC / "self" / "fd").items()
+            if inode not in self._before
+        }
+        self.inodes = frozenset(connected(opened))
 
     def cut(self) -> int:
         """Shut down those of the connections still open; returns how many. Both ends see
