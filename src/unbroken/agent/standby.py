@@ -3,12 +3,12 @@
 Starting a Python process and importing torch takes seconds on a small machine (ANCHORS: about
 3.5 s of torchrun's 7.75 s restart). An agent keeps one zygote (a spare agent too, for all its
 rank slots). It imports torch and the modules a rank needs once (``torch.distributed``, its
-checkpoint package, DDP, and ``torch._dynamo``, which DDP's constructor imports), then serves
-orders, one JSON
-line each on stdin, ``{"argv", "module", "env", "cwd", "log"}``, for as long as its stdin is
-open. For each order it forks twice: the intermediate process forks the rank and exits at once,
-the zygote reaps it, so the rank is reparented to the agent (a child subreaper), which waits for
-it as for a process it started itself. Only then does the zygote write ``pid N`` (or ``error
+checkpoint package, DDP, ``torch._dynamo``, which DDP's constructor imports, and the worker
+library, :mod:`unbroken.worker.session`), then serves orders, one JSON line each on stdin,
+``{"argv", "module", "env", "cwd", "log"}``, for as long as its stdin is open. For each order
+it forks twice: the intermediate process forks the rank and exits at once, the zygote reaps it,
+so the rank is reparented to the agent (a child subreaper), which waits for it as for a process
+it started itself. Only then does the zygote write ``pid N`` (or ``error
 ...``) on its reply pipe (``--reply-fd``), one line per order in order, after a ``ready`` line
 once its imports are done.
 
@@ -33,8 +33,8 @@ scheduling autogroup's too) and returns to its parent's priority the moment its 
 comes, as do the ranks it forks; without that capability it could not come back, so it stays
 at normal priority throughout.
 
-Run as ``python -m unbroken.agent.standby --reply-fd N [--background]``. It imports torch and
-the standard library only.
+Run as ``python -m unbroken.agent.standby --reply-fd N [--background]``. It imports torch, the
+worker library (torch and the standard library only) and the standard library only.
 """
 
 from __future__ import annotations
@@ -231,6 +231,8 @@ def warm_imports() -> None:
     import torch.distributed.checkpoint
     import torch.distributed.optim  # ZeroRedundancyOptimizer: 0.2 s of a new rank's start here
     import torch.nn.parallel  # noqa: F401
+
+    import unbroken.worker.session  # noqa: F401  # the worker library: 0.1-0.13 s here
 
     # The imports' objects go to the collector's permanent generation: a forked rank never
     # traverses them in a collection (shorter pauses, no copy-on-write of their pages), and
