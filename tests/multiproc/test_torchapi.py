@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -294,6 +295,74 @@ def check_make_default_group(rank: int) -> None:
         torchapi.make_default_group(previous)
 
 
+def _propagated_schemas(rows: int) -> tuple[list[Any], list[Any]]:
+    """The operator schemas (and their shardings) that ``DTensor`` operations on a shape no
+    check used before (``rows`` rows, a number of each check's own) have computed, through a
+    wrapper put in place by :func:`torchapi.wrap_sharding_propagation` (taken out after)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    seen: list[Any] = []
+    results: list[Any] = []
+    originals: list[Callable[[Any], Any]] = []
+
+    def wrap(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        originals.append(inner)
+
+        def noted(schema: Any) -> Any:
+            result = inner(schema)
+            seen.append(schema)
+            results.append(result)
+            return result
+
+        return noted
+
+    assert torchapi.wrap_sharding_propagation(wrap)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("torchapi",))
+        tensor = distribute_tensor(torch.ones(rows, 7), mesh, [Shard(0)])
+        (tensor * 3 + 1).to_local()
+    finally:
+        original = originals[0]
+        assert torchapi.wrap_sharding_propagation(lambda _wrapped: original)
+    return seen, results
+
+
+def check_wrap_sharding_propagation(rank: int) -> None:
+    schemas, results = _propagated_schemas(6)
+    assert schemas and len(schemas) == len(results)
+    assert all(type(s).__name__ == "OpSchema" for s in schemas)
+    assert all(type(r).__name__ == "OutputSharding" for r in results)
+
+
+def check_sharding_class(rank: int) -> None:
+    schemas, results = _propagated_schemas(8)
+    spec = results[0].output_spec
+    for value in (schemas[0], results[0], spec, spec.tensor_meta, spec.placements[0]):
+        cls = type(value)
+        assert torchapi.sharding_class(cls.__module__, cls.__qualname__) is cls, cls
+    assert torchapi.sharding_class("os", "system") is None
+    assert torchapi.sharding_class("torch.distributed.tensor", "distribute_tensor") is None
+
+
+def check_sharding_rehash(rank: int) -> None:
+    import copy
+
+    schemas, _ = _propagated_schemas(10)
+    original = schemas[0]
+    stale = copy.copy(original)
+    stale._comparison_key = ("written by another process",)
+    specs = [copy.copy(a) for a in original.args_schema]
+    for spec in specs:
+        if hasattr(spec, "_hash"):
+            object.__setattr__(spec, "_hash", 12345)
+    stale.args_schema = tuple(specs)
+    assert stale != original
+    torchapi.sharding_rehash(stale)
+    assert stale == original and hash(stale) == hash(original)
+    assert all(hash(a) == hash(b) for a, b in zip(specs, original.args_schema, strict=True))
+
+
 CHECKS: dict[str, Callable[[int], None]] = {
     name.removeprefix("check_"): value
     for name, value in list(globals().items())
@@ -378,6 +447,18 @@ def test_every_function_has_a_check() -> None:
 def test_the_classes_are_those_torch_distributed_exports() -> None:
     for name in ("GradBucket", "PrefixStore", "ProcessGroupGloo", "Store", "TCPStore"):
         assert getattr(torchapi, name) is getattr(dist, name), name
+
+
+def test_wrap_sharding_propagation(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "wrap_sharding_propagation")
+
+
+def test_sharding_class(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "sharding_class")
+
+
+def test_sharding_rehash(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "sharding_rehash")
 
 
 def test_default_store(outcomes: dict[str, list[str]]) -> None:

@@ -238,6 +238,7 @@ class ManagedAgent:
             env["RANK"] = env["ROLE_RANK"] = str(world.index(rank))
             env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = str(len(world))
         env["UNBROKEN_MAILBOX"] = str(mb)
+        env["UNBROKEN_WARM_DIR"] = str(self.pod_dir / "warm")  # unbroken.worker.warmstart
         if self.plane:
             env["GLOO_SOCKET_IFNAME"] = self._ifnames[self.plane]
         if join:

@@ -2,9 +2,11 @@
 
 Under ``unbroken launch`` the node agent sets the torchrun variables (``RANK``, ``WORLD_SIZE``,
 ...) plus Unbroken's own: ``UNBROKEN_JOB_ID``, ``UNBROKEN_GENERATION``,
-``UNBROKEN_HEARTBEAT_FILE`` and optionally ``UNBROKEN_CKPT_DIR``. Under plain ``torchrun`` none of
-the ``UNBROKEN_*`` variables exist and the process is *unmanaged*: every hook is a no-op.
-Only :func:`unbroken.worker.init` calls :meth:`WorkerEnv.from_environ` with ``os.environ``.
+``UNBROKEN_HEARTBEAT_FILE``, ``UNBROKEN_WARM_DIR`` (the pod's directory on the node, where a
+rank leaves what starts its next process warm) and optionally ``UNBROKEN_CKPT_DIR``. Under
+plain ``torchrun`` none of the ``UNBROKEN_*`` variables exist and the process is *unmanaged*:
+every hook is a no-op. Only :func:`unbroken.worker.init` calls
+:meth:`WorkerEnv.from_environ` with ``os.environ``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ JOB_ID = "UNBROKEN_JOB_ID"
 GENERATION = "UNBROKEN_GENERATION"
 HEARTBEAT_FILE = "UNBROKEN_HEARTBEAT_FILE"
 CKPT_DIR = "UNBROKEN_CKPT_DIR"
+WARM_DIR = "UNBROKEN_WARM_DIR"
 
 
 class WorkerEnvError(ValueError):
@@ -46,6 +49,7 @@ class WorkerEnv:
     job_id: str | None = None  # None: not launched by Unbroken
     heartbeat_file: Path | None = None
     ckpt_dir: Path | None = None  # overrides the script's checkpoint directory
+    warm_dir: Path | None = None  # :mod:`unbroken.worker.warmstart`
 
     @property
     def managed(self) -> bool:
@@ -57,6 +61,7 @@ class WorkerEnv:
         job_id = environ.get(JOB_ID) or None
         heartbeat = environ.get(HEARTBEAT_FILE) or None
         ckpt_dir = environ.get(CKPT_DIR) or None
+        warm_dir = environ.get(WARM_DIR) or None
         # Prefer Unbroken's own generation; torchelastic's restart count is the same number.
         generation = _int(environ, GENERATION, _int(environ, "TORCHELASTIC_RESTART_COUNT", 0))
         return cls(
@@ -67,6 +72,7 @@ class WorkerEnv:
             job_id=job_id,
             heartbeat_file=Path(heartbeat) if heartbeat else None,
             ckpt_dir=Path(ckpt_dir) if ckpt_dir else None,
+            warm_dir=Path(warm_dir) if warm_dir else None,
         )
 
 

@@ -59,11 +59,14 @@ from unbroken.worker.elastic import VirtualGrads, plain_all_gather
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
 from unbroken.worker.recovery import Recovery, RecoverySettings, checkpoint_group
+from unbroken.worker.sharding import ShardingError
+from unbroken.worker.shardsync import model_mesh
 from unbroken.worker.statecodec import StateCodecError, pack, unpack
 from unbroken.worker.steprng import StepRng
 from unbroken.worker.stop import STOP_EXIT_CODE, StopSignal
 from unbroken.worker.torchapi import PrefixStore, TCPStore, default_store
 from unbroken.worker.trainstate import TrainState
+from unbroken.worker.warmstart import ShardingMemo
 from unbroken.worker.zero import fill_replicas, replica_stride
 
 logger = logging.getLogger(__name__)
@@ -132,6 +135,7 @@ class Session:
         self._rng: StepRng | None = None
         self._recovery: Recovery | None = None
         self._vgrads: VirtualGrads | None = None
+        self._memo: ShardingMemo | None = None  # a sharded model's: unbroken.worker.warmstart
         self._step = -1
 
     # -- properties --------------------------------------------------------------------------
@@ -410,6 +414,8 @@ class Session:
                     comm_time_s=comm_s,
                 )
         self._first_commit = False
+        if self._memo is not None:
+            self._memo.save_if_grown()  # after the first step, and once a new shape was seen
 
     def save_checkpoint(self) -> None:
         """Start an asynchronous checkpoint of the committed state (at a step boundary only)."""
@@ -742,11 +748,25 @@ def init(
     except BaseException:
         session._fail()
         raise
+    session._memo = _sharding_memo(env, model)
     # Data loader workers forked from now on must not hold this rank's links open.
     forks.install()
     _active = session
     session._start()
     return session
+
+
+def _sharding_memo(env: WorkerEnv, model: torch.nn.Module) -> ShardingMemo | None:
+    """A sharded model's sharding memo, read from and written to the pod's directory (see
+    :mod:`unbroken.worker.warmstart`); None for a model that is not FSDP2 on one mesh, or
+    without a pod directory (not launched by Unbroken)."""
+    if env.warm_dir is None:
+        return None
+    try:
+        mesh = model_mesh(model)
+    except ShardingError:
+        return None
+    return ShardingMemo.install(env.warm_dir / f"rank{env.rank}.shardings", mesh)
 
 
 def _collective_error(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ are the very classes ``torch.distributed`` exports publicly.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -48,8 +49,11 @@ __all__ = [
     "make_default_group",
     "plain_group",
     "set_group_timeout",
+    "sharding_class",
+    "sharding_rehash",
     "unbind_default_group_arguments",
     "verify_params_across_processes",
+    "wrap_sharding_propagation",
 ]
 
 # -- the default group -----------------------------------------------------------------------
@@ -273,3 +277,84 @@ def foreach_div_(tensors: Sequence[torch.Tensor], divisor: float) -> None:
     ``torch._foreach_div_``; checked against torch 2.13. Public replacement: ``t.div_(divisor)``
     per tensor (the same values, one kernel launch per tensor)."""
     torch._foreach_div_(list(tensors), divisor)
+
+
+# -- DTensor's sharding propagation ----------------------------------------------------------
+
+
+def wrap_sharding_propagation(wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> bool:
+    """Put ``wrap(propagate)`` in place of the function that computes the output sharding of a
+    ``DTensor`` operator from its ``OpSchema`` when no cache of this thread has it yet (what
+    costs a fresh process its first sharded step). False: this torch has no such function.
+
+    ``DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding_non_cached``, called
+    through the instance by both the C++ fast path's miss and the Python cache; checked against
+    torch 2.13. Public replacement: none."""
+    from torch.distributed.tensor import DTensor
+
+    propagator: Any = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    inner = getattr(propagator, "propagate_op_sharding_non_cached", None)
+    if propagator is None or inner is None:
+        return False
+    propagator.propagate_op_sharding_non_cached = wrap(inner)
+    return True
+
+
+def sharding_class(module: str, name: str) -> type | None:
+    """The class ``module.name`` if an operator's sharding is made of it, else None: the
+    dataclasses, named tuples, enums and placements of ``torch.distributed.tensor``'s modules
+    already imported (``OpSchema``, ``OutputSharding``, ``DTensorSpec``, ``TensorMeta``,
+    ``ShardOrderEntry``, ``Shard``...).
+
+    Those modules are private but for ``placement_types``; checked against torch 2.13.
+    Public replacement: none."""
+    import enum
+
+    from torch.distributed.tensor.placement_types import Placement
+
+    if module != "torch.distributed.tensor" and not module.startswith("torch.distributed.tensor."):
+        return None
+    found = getattr(sys.modules.get(module), name, None)
+    if not isinstance(found, type):
+        return None
+    if (
+        dataclasses.is_dataclass(found)
+        or issubclass(found, (Placement, enum.Enum))
+        or (issubclass(found, tuple) and hasattr(found, "_fields"))
+    ):
+        return found
+    return None
+
+
+def sharding_rehash(value: Any) -> None:
+    """Recompute the hashes cached inside ``value`` (an unpickled ``OpSchema`` or
+    ``OutputSharding``, and what they hold): a hash depends on the process (string hashing is
+    salted per process), so one written by another process matches nothing.
+
+    ``DTensorSpec._hash`` and ``OpSchema._recompute_comparison_key``; checked against torch
+    2.11 and 2.13. Public replacement: none."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import OpSchema
+
+    seen: set[int] = set()
+
+    def visit(item: Any) -> None:
+        if id(item) in seen:
+            return
+        seen.add(id(item))
+        if isinstance(item, (list, tuple)):
+            for element in item:
+                visit(element)
+        elif isinstance(item, dict):
+            for key, element in item.items():
+                visit(key)
+                visit(element)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            for field in dataclasses.fields(item):
+                visit(getattr(item, field.name, None))
+            if isinstance(item, DTensorSpec):
+                object.__setattr__(item, "_hash", None)
+            elif isinstance(item, OpSchema):
+                item._recompute_comparison_key()
+
+    visit(value)

@@ -1,0 +1,168 @@
+"""A rank's next process takes the shardings its predecessor computed (``warmstart``).
+
+Two ranks (this file run as a script, once per rank, against a TCPStore this test process owns)
+train an FSDP2 model on a 2-rank mesh for three steps, the loop people write (AdamW,
+``clip_grad_norm_``), with a :class:`ShardingMemo` in a directory of the test's. The same
+pair runs again, as the ranks' next processes would: the second run computes no sharding
+(every one is found in the first run's file) and ends with the very same parameters. A third
+pair, whose mesh has another dimension name, leaves the file alone and computes its own. A file
+that asks the unpickler for anything but a sharding's classes is not used, and runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from unbroken.worker.warmstart import ShardingMemo
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
+
+WORLD = 2
+
+
+class _Planted:
+    """What a tampered file would make the unpickler call: writes a marker file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (Path(self.marker),))
+
+
+def rank_main(rank: int, port: int, out: Path, dim_name: str) -> None:
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, WORLD, is_master=False, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=30)
+    )
+    report: dict[str, Any] = {}
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=(dim_name,))
+        memo = ShardingMemo.install(out / f"rank{rank}.shardings", mesh)
+        assert memo is not None
+        report["loaded"] = memo.loaded
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        generator = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            x = torch.randn(4, 8, generator=generator)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+        report["computed"] = len(memo._known) - memo.loaded
+        report["hits"] = memo.hits
+        report["written"] = memo.save_if_grown()
+        report["params"] = [p.to_local().tolist() for p in model.parameters()]
+        if rank == 0:
+            tampered = out / "tampered.shardings"
+            marker = out / "tampered-ran"
+            header = memo._header()
+            tampered.write_bytes(pickle.dumps((header, [pickle.dumps(_Planted(str(marker)))])))
+            report["tampered_loaded"] = ShardingMemo(tampered, mesh).load()
+            report["tampered_ran"] = marker.exists()
+            garbage = out / "garbage.shardings"
+            garbage.write_bytes(b"\x80\x05not a pickle")
+            report["garbage_loaded"] = ShardingMemo(garbage, mesh).load()
+        dist.barrier()
+    except Exception:
+        report["error"] = traceback.format_exc()
+    (out / f"report-rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+def _run(out: Path, dim_name: str) -> dict[int, dict[str, Any]]:
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs = []
+    for rank in range(WORLD):
+        (out / f"report-rank{rank}.json").unlink(missing_ok=True)
+        with (out / f"rank{rank}-{dim_name}.log").open("ab") as log:
+            argv = [sys.executable, __file__, str(rank), str(store.port), str(out), dim_name]
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        for proc in procs:
+            proc.wait(timeout=200)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    result = {}
+    for rank in range(WORLD):
+        path = out / f"report-rank{rank}.json"
+        log = (out / f"rank{rank}-{dim_name}.log").read_text(errors="replace")
+        assert path.exists(), f"rank {rank} reported nothing:\n{log[-3000:]}"
+        report = json.loads(path.read_text())
+        assert "error" not in report, f"rank {rank}:\n{report['error']}"
+        result[rank] = report
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[int, dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("warmstart")
+    return [_run(out, "shard"), _run(out, "shard"), _run(out, "dp")]
+
+
+def test_a_first_process_computes_its_shardings_and_writes_them(
+    runs: list[dict[int, dict[str, Any]]],
+) -> None:
+    for report in runs[0].values():
+        assert report["loaded"] == 0 and report["hits"] == 0
+        assert report["computed"] > 10 and report["written"]
+
+
+def test_the_next_process_computes_none_and_trains_the_same_parameters(
+    runs: list[dict[int, dict[str, Any]]],
+) -> None:
+    first, second = runs[0], runs[1]
+    for rank, report in second.items():
+        assert report["loaded"] == first[rank]["computed"]
+        assert report["computed"] == 0 and report["hits"] == report["loaded"]
+        assert not report["written"]  # nothing new: the file is left as it is
+        assert report["params"] == first[rank]["params"]
+
+
+def test_a_file_of_another_mesh_is_not_used(runs: list[dict[int, dict[str, Any]]]) -> None:
+    for rank, report in runs[2].items():
+        assert report["loaded"] == 0 and report["hits"] == 0
+        assert report["computed"] == runs[0][rank]["computed"]
+
+
+def test_a_file_that_is_not_shardings_is_not_used_and_runs_nothing(
+    runs: list[dict[int, dict[str, Any]]],
+) -> None:
+    report = runs[0][0]
+    assert report["tampered_loaded"] == 0 and not report["tampered_ran"]
+    assert report["garbage_loaded"] == 0
+
+
+if __name__ == "__main__":
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
