@@ -345,6 +345,13 @@ def check_sharding_class(rank: int) -> None:
     assert torchapi.sharding_class("torch.distributed.tensor", "distribute_tensor") is None
 
 
+def check_sharding_mesh(rank: int) -> None:
+    schemas, _ = _propagated_schemas(12)
+    mesh = torchapi.sharding_mesh(schemas[0])
+    assert mesh is not None and mesh.mesh_dim_names == ("torchapi",)
+    assert torchapi.sharding_mesh(object()) is None
+
+
 def check_sharding_rehash(rank: int) -> None:
     import copy
 
@@ -455,6 +462,10 @@ def test_wrap_sharding_propagation(outcomes: dict[str, list[str]]) -> None:
 
 def test_sharding_class(outcomes: dict[str, list[str]]) -> None:
     _assert_ok(outcomes, "sharding_class")
+
+
+def test_sharding_mesh(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "sharding_mesh")
 
 
 def test_sharding_rehash(outcomes: dict[str, list[str]]) -> None:

@@ -3,8 +3,9 @@
 Two ranks (this file run as a script, once per rank, against a TCPStore this test process owns)
 train an FSDP2 model on a 2-rank mesh for three steps, the loop people write (AdamW,
 ``clip_grad_norm_``), with a :class:`ShardingMemo` in a directory of the test's. The same
-pair runs again, as the ranks' next processes would: the second run computes no sharding
-(every one is found in the first run's file) and ends with the very same parameters. A third
+pair runs again, as the ranks' next processes would, twice: with the memo started before the
+mesh exists (as the zygote starts it) and installed after: neither computes a sharding (every
+one is found in the first run's file) and both end with the very same parameters. A fourth
 pair, whose mesh has another dimension name, leaves the file alone and computes its own. A file
 that asks the unpickler for anything but a sharding's classes is not used, and runs nothing.
 """
@@ -25,6 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from unbroken.worker import warmstart
 from unbroken.worker.warmstart import ShardingMemo
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
@@ -42,7 +44,7 @@ class _Planted:
         return (Path.touch, (Path(self.marker),))
 
 
-def rank_main(rank: int, port: int, out: Path, dim_name: str) -> None:
+def rank_main(rank: int, port: int, out: Path, dim_name: str, how: str) -> None:
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -56,16 +58,20 @@ def rank_main(rank: int, port: int, out: Path, dim_name: str) -> None:
     )
     report: dict[str, Any] = {}
     try:
+        path = warmstart.path_of(out, rank)
+        started = warmstart.start(path) if how == "start" else None  # as the zygote does
         mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=(dim_name,))
-        memo = ShardingMemo.install(out / f"rank{rank}.shardings", mesh)
+        memo = ShardingMemo.install(path, mesh) if how == "install" else started
         assert memo is not None
-        report["loaded"] = memo.loaded
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if how == "start":
+            memo.attach(mesh)  # ub.init
+        report["loaded"] = memo.loaded
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         generator = torch.Generator().manual_seed(rank)
         for _ in range(3):
@@ -95,7 +101,7 @@ def rank_main(rank: int, port: int, out: Path, dim_name: str) -> None:
     dist.destroy_process_group()
 
 
-def _run(out: Path, dim_name: str) -> dict[int, dict[str, Any]]:
+def _run(out: Path, dim_name: str, how: str = "install") -> dict[int, dict[str, Any]]:
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False
     )
@@ -104,7 +110,7 @@ def _run(out: Path, dim_name: str) -> dict[int, dict[str, Any]]:
     for rank in range(WORLD):
         (out / f"report-rank{rank}.json").unlink(missing_ok=True)
         with (out / f"rank{rank}-{dim_name}.log").open("ab") as log:
-            argv = [sys.executable, __file__, str(rank), str(store.port), str(out), dim_name]
+            argv = [sys.executable, __file__, str(rank), str(store.port), str(out), dim_name, how]
             procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         for proc in procs:
@@ -128,7 +134,7 @@ def _run(out: Path, dim_name: str) -> dict[int, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[int, dict[str, Any]]]:
     out = tmp_path_factory.mktemp("warmstart")
-    return [_run(out, "shard"), _run(out, "shard"), _run(out, "dp")]
+    return [_run(out, "shard"), _run(out, "shard", "start"), _run(out, "shard"), _run(out, "dp")]
 
 
 def test_a_first_process_computes_its_shardings_and_writes_them(
@@ -142,7 +148,7 @@ def test_a_first_process_computes_its_shardings_and_writes_them(
 def test_the_next_process_computes_none_and_trains_the_same_parameters(
     runs: list[dict[int, dict[str, Any]]],
 ) -> None:
-    first, second = runs[0], runs[1]
+    first, second = runs[0], runs[2]
     for rank, report in second.items():
         assert report["loaded"] == first[rank]["computed"]
         assert report["computed"] == 0 and report["hits"] == report["loaded"]
@@ -150,8 +156,18 @@ def test_the_next_process_computes_none_and_trains_the_same_parameters(
         assert report["params"] == first[rank]["params"]
 
 
+def test_a_memo_started_before_the_mesh_reads_the_file_at_the_first_sharding(
+    runs: list[dict[int, dict[str, Any]]],
+) -> None:
+    """As the zygote starts it in a rank: ``fully_shard``'s own shardings are read too."""
+    for rank, report in runs[1].items():
+        assert report["loaded"] == runs[0][rank]["computed"] and report["computed"] == 0
+        assert report["hits"] == report["loaded"]
+        assert report["params"] == runs[0][rank]["params"]
+
+
 def test_a_file_of_another_mesh_is_not_used(runs: list[dict[int, dict[str, Any]]]) -> None:
-    for rank, report in runs[2].items():
+    for rank, report in runs[3].items():
         assert report["loaded"] == 0 and report["hits"] == 0
         assert report["computed"] == runs[0][rank]["computed"]
 
@@ -165,4 +181,4 @@ def test_a_file_that_is_not_shardings_is_not_used_and_runs_nothing(
 
 
 if __name__ == "__main__":
-    rank_main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5])

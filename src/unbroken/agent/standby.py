@@ -50,9 +50,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Handler = Callable[[int, Any], Any] | int | signal.Handlers | None
+
+
+def _start_warm(env: dict[str, str]) -> None:
+    """A rank of a pod with a warm directory reads its predecessor's shardings from its first
+    sharded operator on (``fully_shard`` included): :mod:`unbroken.worker.warmstart`."""
+    warm_dir, rank = env.get("UNBROKEN_WARM_DIR"), env.get("RANK", "")
+    if warm_dir and rank.isdigit():
+        from unbroken.worker import warmstart
+
+        warmstart.start(warmstart.path_of(Path(warm_dir), int(rank)))
 
 
 def _activate(order: dict[str, object]) -> None:
@@ -68,6 +79,7 @@ def _activate(order: dict[str, object]) -> None:
     os.environ.update(env)
     os.chdir(str(order["cwd"]))
     sys.argv = argv
+    _start_warm(env)
     if order.get("module"):
         if not sys.flags.safe_path:
             sys.path[0] = os.getcwd()  # as ``python -m`` puts it

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
 from unbroken.protocol.exitreport import ExitReport, is_collective_error_text, write_exit_report
 from unbroken.protocol.kinds import StepFailure
-from unbroken.worker import agreement, forks, rng, vranks
+from unbroken.worker import agreement, forks, rng, vranks, warmstart
 from unbroken.worker.agreement import ReplicasDiverged
 from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.data import Batches
@@ -766,7 +766,10 @@ def _sharding_memo(env: WorkerEnv, model: torch.nn.Module) -> ShardingMemo | Non
         mesh = model_mesh(model)
     except ShardingError:
         return None
-    return ShardingMemo.install(env.warm_dir / f"rank{env.rank}.shardings", mesh)
+    memo = warmstart.start(warmstart.path_of(env.warm_dir, env.rank))
+    if memo is not None:
+        memo.attach(mesh)
+    return memo
 
 
 def _collective_error(exc: BaseException) -> bool:

@@ -50,6 +50,7 @@ __all__ = [
     "plain_group",
     "set_group_timeout",
     "sharding_class",
+    "sharding_mesh",
     "sharding_rehash",
     "unbind_default_group_arguments",
     "verify_params_across_processes",
@@ -324,6 +325,16 @@ def sharding_class(module: str, name: str) -> type | None:
     ):
         return found
     return None
+
+
+def sharding_mesh(schema: Any) -> Any:
+    """The device mesh of the first ``DTensor`` argument of the operator schema ``schema``
+    (None if it has none).
+
+    ``OpSchema.args_spec`` and ``DTensorSpec.mesh``; checked against torch 2.13. Public
+    replacement: none (``DTensor.device_mesh`` of the arguments, which the schema replaces)."""
+    specs = getattr(schema, "args_spec", ())
+    return specs[0].mesh if specs else None
 
 
 def sharding_rehash(value: Any) -> None:

@@ -121,11 +121,14 @@ class _Unpickler(pickle.Unpickler):
 class ShardingMemo:
     """The output shardings this process computed on its model's mesh, and its file."""
 
-    def __init__(self, path: Path, mesh: DeviceMesh) -> None:
+    def __init__(self, path: Path, mesh: DeviceMesh | None) -> None:
         self.path = path
+        #: The model's mesh; None until the first sharding is asked for (a process that
+        #: installed the memo before its script built the mesh, :func:`start`).
         self.mesh = mesh
         self._known: dict[Any, Any] = {}
         self._written = 0  # entries in the file (or read from it)
+        self._read_tried = False
         self.loaded = 0
         self.hits = 0
 
@@ -140,10 +143,24 @@ class ShardingMemo:
         memo.load()
         return memo
 
+    def attach(self, mesh: DeviceMesh) -> None:
+        """The model's mesh is ``mesh`` (``ub.init``): the file is read for it unless it was
+        read for that mesh already, and written for it from now on."""
+        known = self.mesh is not None and mesh_identity(self.mesh) == mesh_identity(mesh)
+        self.mesh = mesh
+        if not (known and self._read_tried):
+            self.load()
+
     def _around(self, propagate: Callable[[Any], Any]) -> Callable[[Any], Any]:
         known = self._known
 
         def memoized(schema: Any) -> Any:
+            if not self._read_tried and self.mesh is None:
+                # The first sharding of a memo started before the mesh existed: the file is
+                # read now, for the mesh this operator runs on (the script's fully_shard).
+                self.mesh = torchapi.sharding_mesh(schema)
+                if self.mesh is not None:
+                    self.load()
             try:
                 found = known.get(schema)
             except TypeError:  # symbolic shapes (torch.compile tracing): not hashable
@@ -158,12 +175,13 @@ class ShardingMemo:
         return memoized
 
     def _header(self) -> dict[str, Any]:
+        assert self.mesh is not None
         return {"format": FORMAT, "torch": str(torch.__version__), "mesh": mesh_identity(self.mesh)}
 
     def save_if_grown(self) -> bool:
         """Write the file when shardings were computed since it was last written or read;
         whether it was written. Never raises: a memo not written costs a warm start only."""
-        if len(self._known) == self._written:
+        if len(self._known) == self._written or self.mesh is None:
             return False
         entries = list(self._known.items())
         blobs = []
@@ -193,6 +211,9 @@ class ShardingMemo:
 
     def load(self) -> int:
         """Take the shardings of ``path`` (written by this rank's previous process); how many."""
+        self._read_tried = True
+        if self.mesh is None:
+            return 0
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -221,3 +242,26 @@ class ShardingMemo:
         self._written = len(self._known)
         logger.info("rank starts warm: %d shardings read from %s", self.loaded, self.path)
         return self.loaded
+
+
+_started: ShardingMemo | None = None
+
+
+def start(path: Path) -> ShardingMemo | None:
+    """This process's memo, noting shardings from now on and reading ``path`` when the first
+    one is asked for (installed once; the zygote starts it in a rank before its script runs, so
+    that the shardings of ``fully_shard`` itself are read too). None: this torch offers no
+    place to note them."""
+    global _started
+    if _started is None:
+        memo = ShardingMemo(path, None)
+        if not torchapi.wrap_sharding_propagation(memo._around):
+            logger.debug("this torch has no sharding propagation to keep: no warm start")
+            return None
+        _started = memo
+    return _started
+
+
+def path_of(warm_dir: Path, rank: int) -> Path:
+    """The file of rank ``rank``'s shardings in its pod's directory."""
+    return warm_dir / f"rank{rank}.shardings"
