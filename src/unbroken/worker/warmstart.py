@@ -7,9 +7,11 @@ its first step: for the small HSDP model of ``examples/train_sharded.py``, 53 sc
 :class:`ShardingMemo` notes each sharding the process computes on its model's mesh. At a
 commit that saw new ones, the rank writes them to its file in the pod's directory
 (``UNBROKEN_WARM_DIR``, set by the node agent). The rank's next process on the node (an
-in-place replacement, a restart of the pod's processes) reads the file in
-:func:`unbroken.worker.init` and computes none of them again: its first step costs what a
-step costs.
+in-place replacement, a restart of the pod's processes) reads the file and computes none of
+them again: its first step costs what a step costs. A rank the zygote forks has its memo
+started before its script runs (:func:`start`) and reads the file at the first sharding asked
+for, whose mesh is then known (the script's ``fully_shard``); any other reads it in
+:func:`unbroken.worker.init`, which gives the memo the model's mesh (:meth:`ShardingMemo.attach`).
 
 Why a memo from another process is safe to use:
 
