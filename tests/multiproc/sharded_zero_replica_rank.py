@@ -5,8 +5,12 @@ parameter copies against the parameters ZeRO broadcast. With ``--lose`` that ran
 optimizer state after step ``--at`` (a new ZeRO optimizer and replica, as a replacement process
 builds, and the weights of another seed) and every rank runs
 :func:`unbroken.worker.zero.repair_partitions`; the model comes from rank 0 (replicated).
-Training goes on to ``--steps``; rank 0 writes ``<out>/result.txt``: the transfers of each
-rank and the digest of the whole state (``full_digest``)."""
+With ``--half`` that rank is lost inside step ``--at``'s update instead: the
+others updated their partitions and replicas, the broadcast of the updated partitions never
+happened, and :func:`unbroken.worker.zero.complete_update` finishes it from their copies before
+the lost rank's partitions are repaired. Training goes on to ``--steps``; rank 0 writes
+``<out>/result.txt``: the transfers of each rank and the digest of the whole state
+(``full_digest``)."""
 
 from __future__ import annotations
 
@@ -20,7 +24,13 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from unbroken.worker.zero import ReplicaOptimizer, ZeroReplicaError, repair_partitions, verify
+from unbroken.worker.zero import (
+    ReplicaOptimizer,
+    ZeroReplicaError,
+    complete_update,
+    repair_partitions,
+    verify,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_sharded import batch, full_digest, make_model
@@ -39,6 +49,12 @@ def main() -> None:
     p.add_argument("--lose", type=int, default=-1)
     p.add_argument("--at", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument(
+        "--half",
+        action="store_true",
+        help="lose the rank inside step --at's update: the others update their partitions and "
+        "replicas, their broadcast never happens, and the update is completed from them",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -48,7 +64,7 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     transfers = 0
     for step in range(args.steps):
-        if step == args.at and args.lose >= 0:
+        if step == args.at and args.lose >= 0 and not args.half:
             if rank == args.lose:  # what a replacement process holds
                 with torch.no_grad():
                     for param, other in zip(
@@ -63,7 +79,22 @@ def main() -> None:
         x, y = batch(1234, step, rank, world)
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
-        opt.step()
+        if step == args.at and args.half:
+            if rank == args.lose:  # what its replacement process holds
+                with torch.no_grad():
+                    for param, other in zip(
+                        model.parameters(), make_model(99).parameters(), strict=True
+                    ):
+                        param.copy_(other)
+                opt, replica = build(model)
+            else:  # ZeRO's update up to its broadcast, and the replica's
+                replica._take_params()
+                opt.optim.step()
+                replica._step()
+            complete_update(replica, [r for r in range(world) if r != args.lose])
+            transfers = repair_partitions(replica, [args.lose])
+        else:
+            opt.step()
         verify(replica)
         if not replica.params_match():
             raise ZeroReplicaError(f"rank {rank}: the replica's parameters differ after {step}")

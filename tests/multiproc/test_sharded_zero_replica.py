@@ -16,6 +16,7 @@ from unbroken.worker.zero import (
     ZeroReplicaError,
     holders_of,
     mismatches,
+    plan_completion,
     plan_transfers,
     replica_stride,
 )
@@ -29,11 +30,16 @@ def test_replica_is_bitwise_its_partners_partition_and_repairs_a_lost_rank(
     tmp_path: Path,
 ) -> None:
     results = []
-    for lose, out in ((-1, tmp_path / "clean"), (2, tmp_path / "repaired")):
+    runs = (
+        (["--lose", "-1"], tmp_path / "clean"),
+        (["--lose", "2"], tmp_path / "repaired"),
+        (["--lose", "2", "--half"], tmp_path / "completed"),
+    )
+    for args, out in runs:
         out.mkdir()
         cluster = Cluster(out, world_size=4, script=SCRIPT)
         try:
-            cluster.start(["--out", str(out), "--lose", str(lose)], managed=False).expect_success()
+            cluster.start(["--out", str(out), *args], managed=False).expect_success()
         finally:
             cluster.close()
         results.append((out / "result.txt").read_text().splitlines())
@@ -41,11 +47,36 @@ def test_replica_is_bitwise_its_partners_partition_and_repairs_a_lost_rank(
     # Rank 2 received twice; rank 3 sent its replica of partition 2, rank 1 its own partition.
     assert results[1][0] == "[0, 1, 2, 1]"
     assert results[1][1] == results[0][1]
+    # Lost inside the update: the others' partitions and rank 3's replica of partition 2
+    # complete it, then rank 2's partitions are repaired as above; the same model at the end.
+    assert results[2][0] == "[0, 1, 2, 1]"
+    assert results[2][1] == results[0][1]
     # Each replica holds a copy of its partner's parameters and their two moments: 12 bytes
     # per parameter of the partition (fp32 AdamW), each parameter in one partition.
     replica_bytes, covered = map(int, results[0][2].split())
     assert covered == (32 * 64 + 64) + (64 * 64 + 64) + (64 * 8 + 8)  # train_sharded's MLP
     assert replica_bytes == 12 * covered
+
+
+@pytest.mark.parametrize(
+    ("updated", "size", "stride", "expected"),
+    [
+        ([0, 1, 3], 4, 1, [(0, 0, "own"), (1, 1, "own"), (2, 3, "replica"), (3, 3, "own")]),
+        ([0, 1], 4, 2, [(0, 0, "own"), (1, 1, "own"), (2, 0, "replica"), (3, 1, "replica")]),
+        ([0, 1, 2, 3], 4, 2, [(0, 0, "own"), (1, 1, "own"), (2, 2, "own"), (3, 3, "own")]),
+    ],
+)
+def test_completion_plan_takes_each_partition_from_an_updated_holder(
+    updated: list[int], size: int, stride: int, expected: list[tuple[int, int, str]]
+) -> None:
+    assert plan_completion(updated, size, stride) == expected
+
+
+def test_a_partition_no_updated_rank_holds_cannot_be_completed() -> None:
+    # Node 0 (ranks 0, 1) took the update, rank 1 did not: partition 1 and its replica on
+    # rank 3 (lost) have no updated copy.
+    with pytest.raises(ZeroReplicaError, match="partition 1 is held by no rank"):
+        plan_completion([0], 4, 2)
 
 
 @pytest.mark.parametrize(

@@ -220,6 +220,60 @@ def plan_transfers(lost: Iterable[int], size: int, stride: int = 1) -> list[tupl
     return transfers
 
 
+def plan_completion(
+    updated: Iterable[int], size: int, stride: int = 1
+) -> list[tuple[int, int, str]]:
+    """Who sends each partition's updated parameters when an update stopped at its broadcast:
+    ``(partition, sender, what)`` for every partition in order, ``what`` being ``"own"`` (the
+    owner's parameters) or ``"replica"`` (the replica holder's copies). ``updated`` are the
+    ranks whose own partition and replica both took the step. Raises
+    :class:`ZeroReplicaError` when a partition has no updated holder."""
+    done = set(updated)
+    plan = []
+    for partition in range(size):
+        owner, holder = holders_of(partition, size, stride)
+        if owner in done:
+            plan.append((partition, owner, "own"))
+        elif holder in done:
+            plan.append((partition, holder, "replica"))
+        else:
+            raise ZeroReplicaError(
+                f"the update of partition {partition} is held by no rank (its holders, ranks "
+                f"{owner} and {holder}, did not take it)"
+            )
+    return plan
+
+
+def complete_update(replica: ReplicaOptimizer, updated: Iterable[int]) -> int:
+    """Finish an update whose broadcast of the updated partitions failed (collective over the
+    ZeRO optimizer's group, every rank with the same ``updated``; see :func:`plan_completion`):
+    each partition's updated parameters go from a holder that computed them to every rank, the
+    replica holder's copies standing in for a lost owner. Returns how many partitions this rank
+    sent. The optimizer states are the holders' own and are repaired as after a loss
+    (:func:`repair_partitions`)."""
+    zero: Any = replica.zero
+    partitions = zero._partition_parameters()
+    me = zero.rank
+    group = zero.process_group
+    sent = 0
+    with torch.no_grad():
+        for partition, sender, what in plan_completion(updated, replica.size, replica.stride):
+            params = [param for group_ in partitions[partition] for param in group_["params"]]
+            if me == sender and what == "replica":
+                if replica.partner != partition:
+                    raise ZeroReplicaError(
+                        f"rank {me} keeps a replica of partition {replica.partner}, not "
+                        f"{partition}"
+                    )
+                for param, copy_ in zip(params, replica._copies, strict=True):
+                    param.copy_(copy_)
+            for param in params:
+                dist.broadcast(param.data, src=_global(group, sender), group=group)
+            sent += int(me == sender)
+    replica._take_params()  # the copies are the partner's updated parameters again
+    return sent
+
+
 def repair_partitions(replica: ReplicaOptimizer, lost: Iterable[int], group: Any = None) -> int:
     """Restore the ZeRO partitions and replicas of the ranks in ``lost`` (collective over the
     ZeRO optimizer's group, every rank with the same ``lost``), then :func:`verify`. Returns
