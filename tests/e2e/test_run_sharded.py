@@ -281,6 +281,40 @@ def test_zero_with_replica_optimizer_recovers_a_killed_rank_in_place(
     assert digest(run_dir) == zero_fault_free.digest
 
 
+def test_zero_with_replica_optimizer_recovers_a_lost_node_on_the_spare_node(
+    run_dir: Path, tmp_path: Path, zero_fault_free: Reference
+) -> None:
+    """Node-1 (ranks 2 and 3, a whole pod) is lost: each lost partition comes from its replica
+    on node-0 (the replicas live a node's ranks on), the replacements' replicas from node-0's
+    partitions; every survivor keeps its process and no step is recomputed. The node dies
+    wherever its ranks are in step 26: before the gradients are shared (the survivors' step
+    fails whole), or while ZeRO broadcasts the updated partitions (a survivor took the update,
+    so the repair completes it from node-0's partitions and replicas first: "completing the
+    update of step 26" in their logs); either way the same model at the end."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=ZERO_REPLICA,
+        replace={
+            **HSDP_SCRIPT,
+            'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"',
+            "--step-sleep=0.02": "--step-sleep=0.05",  # the spare agent is up before step 25
+        },
+    )
+    res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=job)
+    assert res.rc == 0, res.explain()
+    assert "job e2e-zero: SUCCEEDED" in res.stdout, res.explain()
+    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    assert incident[0]["source"] == "node-lost" and incident[0]["ranks"] == [2, 3], incident[0]
+    assert incident[1]["strategy"] == "recover", incident[1]
+    (loaded,) = of_kind(incident, "StateLoaded")
+    assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
+    assert recomputed_steps(run_dir) == 0
+    assert_healthy_ranks_kept_their_processes(evs, replaced=[2, 3])
+    assert digest(run_dir) == zero_fault_free.digest
+
+
 def test_zero_link_fault_in_the_optimizer_broadcast_is_re_executed_by_op_retry(
     run_dir: Path, tmp_path: Path, zero_fault_free: Reference
 ) -> None:

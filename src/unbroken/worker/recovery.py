@@ -245,6 +245,7 @@ class Recovery:
         #: The device check's checksum at the start, what a stress test compares with.
         self.stress_expected = device_checksum(settings.device) if self._reader else ""
         self._suspect = False
+        self._half = False  # ZeRO's update ran here, its broadcast failed (replica.repair)
         self._resumed = False
         self._step = -1
         #: Writes the last words of ``step`` committed steps (set by the session); None:
@@ -346,7 +347,7 @@ class Recovery:
         """Forget the last step's failure (the boundary's own collectives still raise)."""
         self._step = step
         self._update_failure = None
-        self._updated = False
+        self._updated = self._half = False
         self.sync.begin_step(step)
         self.rng.begin(step, self.rank)
         if self._resumed:
@@ -584,6 +585,8 @@ class Recovery:
             problem = "a replacement process holds no state yet"
         elif self._suspect:
             problem = "its state is suspect (a failed update or a device memory error)"
+        elif self._half:
+            problem = "ZeRO's broadcast of its last update failed: its parameters are not whole"
         elif self.state.sharding.sharded_parts:
             problem = f"its state is sharded ({self.state.sharding.layout}): one rank holds a part"
         elif self.last_words is None:
@@ -653,6 +656,7 @@ class Recovery:
                 step=command.step,
                 suspect=self._suspect,
                 fresh=self.joining and self.recoveries == 0,
+                half=self._half,
                 timeout_s=self.settings.comm_timeout_s,
             )
         except RecoveryFailed:
@@ -664,7 +668,7 @@ class Recovery:
                 f"rank {command.rank}: recovery into generation {command.generation} "
                 f"(replica source rank {command.source}, step {command.step}) failed: {e}"
             ) from e
-        self._suspect = False
+        self._suspect = self._half = False
         self.recoveries += 1
         # With a seed the redone step seeds its generators itself. Without one, a rank that
         # began the step rewinds to its snapshot; one stopped at the boundary before it is
@@ -787,12 +791,17 @@ def _wrap_optimizer_step(optimizer: torch.optim.Optimizer, recovery: Recovery) -
         except RuntimeError as e:
             recovery._update_failed(e)
             return None
-        if recovery.sync.failure is not None:
-            # A collective inside the update failed (ZeRO's broadcast of the updated
-            # partitions, a closure's backward): the update may have run halfway.
-            recovery._suspect = True
-        else:
+        if recovery.sync.failure is None:
             recovery._updated = True
+        elif recovery.state.zero_replica is not None:
+            # ZeRO's broadcast of the updated partitions failed after its update (and the
+            # replica's) ran here: the step is done but for parameters of other partitions,
+            # which the repair completes from the ranks that took it (replica._complete_update).
+            recovery._updated = recovery._half = True
+        else:
+            # A collective inside the update failed (a closure's backward, a broadcast of
+            # another optimizer): the update may have run halfway.
+            recovery._suspect = True
         return result
 
     optimizer.step = step  # type: ignore[method-assign]

@@ -57,13 +57,16 @@ from unbroken.worker.digest import TensorHashes, hash_threads
 from unbroken.worker.sharding import Layout, Sharding
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.trainstate import TrainState
-from unbroken.worker.zero import ZeroReplicaError, repair_partitions
+from unbroken.worker.zero import ZeroReplicaError, complete_update, repair_partitions
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 2
 _SUSPECT = 1  # flag: an update failed midway or memory was corrupted on this rank
 _FRESH = 2  # flag: a replacement process that has no training state of its own
+#: flag: ZeRO's update of the last step ran on this rank (its partition and replica) but the
+#: broadcast of the updated partitions failed: the other partitions' parameters are not all in
+_HALF = 4
 _UNKNOWN = bytes(32)  # a digest not taken (before the transfer no rank hashes its state)
 
 
@@ -88,8 +91,20 @@ class RankState:
     def fresh(self) -> bool:
         return bool(self.flags & _FRESH)
 
+    @property
+    def half(self) -> bool:
+        return bool(self.flags & _HALF)
+
     def describe(self) -> str:
-        notes = [n for n, on in (("suspect", self.suspect), ("replacement", self.fresh)) if on]
+        notes = [
+            n
+            for n, on in (
+                ("suspect", self.suspect),
+                ("replacement", self.fresh),
+                ("update not broadcast", self.half),
+            )
+            if on
+        ]
         if self.digest != _UNKNOWN:
             notes.insert(0, f"digest {self.digest.hex()[:12]}")
         return ", ".join([f"rank {self.rank}: {self.committed} steps", *notes])
@@ -121,8 +136,8 @@ def _gather(state: RankState, group: dist.ProcessGroup | None) -> list[RankState
     ]
 
 
-def _flags(suspect: bool, fresh: bool) -> int:
-    return (_SUSPECT if suspect else 0) | (_FRESH if fresh else 0)
+def _flags(suspect: bool, fresh: bool, half: bool = False) -> int:
+    return (_SUSPECT if suspect else 0) | (_FRESH if fresh else 0) | (_HALF if half else 0)
 
 
 def _shard_source(states: list[RankState], holders: tuple[int, ...], source: int, step: int) -> int:
@@ -197,6 +212,7 @@ def repair(
     step: int,
     suspect: bool = False,
     fresh: bool = False,
+    half: bool = False,
     timeout_s: float = 30.0,
 ) -> Repaired:
     """Run the protocol above on the default process group (collective); see the module doc.
@@ -205,8 +221,10 @@ def repair(
     that holds it: ``source`` for its own shard, the first healthy holder for every other
     (HSDP: the rank at the same shard position of another replica group). A shard whose every
     holder is a replacement or suspect has no replica to come from: :class:`ReplicaError`."""
-    me = RankState(dist.get_rank(), committed, _flags(suspect, fresh), _UNKNOWN)
+    me = RankState(dist.get_rank(), committed, _flags(suspect, fresh, half), _UNKNOWN)
     states = _gather(me, None)
+    if any(s.half for s in states):
+        states = _complete_update(state, states, step)
     sharding = state.sharding
     if sharding.layout is Layout.REPLICATED or sharding.partner_replicas:
         # Every rank holds the whole state at any group size (an elastic job's group shrinks
@@ -288,6 +306,30 @@ def repair(
     return Repaired(
         step=committed, received=me.rank in receivers, receivers=receivers, source=sources[mine]
     )
+
+
+def _complete_update(state: TrainState, states: list[RankState], step: int) -> list[RankState]:
+    """ZeRO's update of the step before ``step`` ran on some ranks and its broadcast failed
+    (``half``): finish it from the ranks that committed ``step`` steps, each partition from its
+    owner or its replica holder (:func:`unbroken.worker.zero.complete_update`, collective).
+    Their parameters are then whole and the protocol goes on as for any rank at ``step``."""
+    if state.zero_replica is None:
+        raise ReplicaError(
+            "a rank reports an update that was not broadcast, but this rank keeps no ZeRO "
+            "replica: ranks report " + "; ".join(s.describe() for s in states)
+        )
+    updated = [s.rank for s in states if s.committed == step and not (s.fresh or s.suspect)]
+    logger.warning(
+        "completing the update of step %d from rank(s) %s (%s)",
+        step - 1,
+        ", ".join(map(str, updated)),
+        "; ".join(s.describe() for s in states),
+    )
+    try:
+        complete_update(state.zero_replica, updated)
+    except ZeroReplicaError as e:
+        raise ReplicaError(str(e)) from e
+    return [RankState(s.rank, s.committed, s.flags & ~_HALF, s.digest) for s in states]
 
 
 def _receivers(plan: Mapping[tuple[int, ...], tuple[int, tuple[int, ...]]]) -> tuple[int, ...]:

@@ -262,8 +262,7 @@ def complete_update(replica: ReplicaOptimizer, updated: Iterable[int]) -> int:
             if me == sender and what == "replica":
                 if replica.partner != partition:
                     raise ZeroReplicaError(
-                        f"rank {me} keeps a replica of partition {replica.partner}, not "
-                        f"{partition}"
+                        f"rank {me} keeps a replica of partition {replica.partner}, not {partition}"
                     )
                 for param, copy_ in zip(params, replica._copies, strict=True):
                     param.copy_(copy_)
