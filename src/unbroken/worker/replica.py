@@ -7,6 +7,9 @@ The protocol runs over a freshly built process group, on every rank of it:
    update that failed midway, a corrupted memory) nor a replacement process. The receivers are
    the ranks behind the source, the replacements and the suspect ranks. No rank hashes its
    state yet: that would put a pass over every byte on the critical path.
+   A rank whose ZeRO update ran but whose broadcast of the updated partitions failed says so
+   (``half``); the update is then completed from the ranks that took it before anything else
+   (:func:`unbroken.worker.zero.complete_update`), and such a rank counts as any other.
 2. **Transfer.** The source and the receivers form a process group of their own; the other
    ranks take no part and hash their state meanwhile, on background threads
    (:class:`unbroken.worker.digest.TensorHashes`). The source broadcasts a description (JSON,

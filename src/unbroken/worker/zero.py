@@ -25,6 +25,13 @@ Repair (:func:`repair_partitions`): a rank that lost its state takes its own par
 from the replica on rank ``r + s`` and its replica of partition ``r - s`` from rank ``r - s``'s
 own optimizer, point to point, described in JSON and tensors (nothing is pickled). A partition
 whose owner and replica holder are both lost has no copy left: :class:`ZeroReplicaError`.
+
+Completion (:func:`complete_update`): ranks lost while ZeRO broadcasts the updated partitions
+leave the survivors with their own partition and their replica updated (the replica steps
+right after ZeRO's update) but other partitions' parameters not all received. Every partition
+then has an updated copy on a survivor as long as one of its holders took the update: its
+owner's parameters, or its replica holder's copies, go to every rank, and the lost ranks'
+optimizer state is repaired as above.
 """
 
 from __future__ import annotations
