@@ -92,6 +92,32 @@ def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
         assert "a lost rank's shard has no replica on another rank" in log.read_text()
 
 
+def test_fsdp_lost_node_restarts_from_the_checkpoint_on_the_spare_node(tmp_path: Path) -> None:
+    """FSDP2 over all ranks, node-1 lost: its ranks' shards have no replica anywhere, so the
+    worker pod goes to the spare node and every rank resumes from the newest checkpoint."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=SHARDED,
+        replace={
+            "../../../examples/train_sharded.py": str(REPO / "examples" / "train_sharded.py"),
+            'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"',
+        },
+    )
+    reference = _fault_free(tmp_path / "fault-free", "fsdp")
+    faulted = tmp_path / "faulted"
+    res = run_job(faulted, "--chaos", FIXTURES / "kill-node.yaml", job=job)
+    assert res.rc == 0, res.explain()
+    assert "job e2e-sharded: SUCCEEDED" in res.stdout, res.explain()
+    evs = events(faulted)
+    incident = the_incident(evs)
+    assert incident[0]["source"] == "node-lost", incident[0]
+    assert incident[1]["strategy"] == "pod-rescheduling", incident[1]
+    assert of_kind(incident, "ProcessesStarted", pod="e2e-sharded-worker-0", node="node-2")
+    (loaded,) = [e for e in of_kind(evs, "StateLoaded") if e["generation"] == 1]
+    assert (loaded["source"], loaded["step"]) == ("checkpoint", 20), loaded
+    assert digest(faulted) == reference.digest
+
+
 # -- HSDP: the shards have replicas, so the in-process rungs take the fault ----------------------
 
 HSDP = FIXTURES / "sharded-hsdp.yaml"  # recover-in-place; replica groups {0, 1} and {2, 3}
