@@ -34,6 +34,10 @@ from tests.support.process_helpers import (
 pytestmark = pytest.mark.e2e
 
 SHARDED = FIXTURES / "sharded.yaml"
+#: A node loss takes the lost pod to the spare node (the fixtures' jobs leave it off).
+POD_RESCHEDULING = {
+    'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"'
+}
 KILL = FIXTURES / "kill-rank.yaml"  # SIGKILL rank 3 after it commits step 25
 
 
@@ -100,7 +104,7 @@ def test_fsdp_lost_node_restarts_from_the_checkpoint_on_the_spare_node(tmp_path:
         job=SHARDED,
         replace={
             "../../../examples/train_sharded.py": str(REPO / "examples" / "train_sharded.py"),
-            'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"',
+            **POD_RESCHEDULING,
         },
     )
     reference = _fault_free(tmp_path / "fault-free", "fsdp")
@@ -190,7 +194,7 @@ def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_gr
         replace={
             **HSDP_SCRIPT,
             'recover-strategy: "recover-in-place"': 'recover-strategy: "recover"',
-            'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"',
+            **POD_RESCHEDULING,
             "--step-sleep=0.02": "--step-sleep=0.05",  # the spare agent is up before step 25
         },
     )
@@ -322,7 +326,7 @@ def test_zero_with_replica_optimizer_recovers_a_lost_node_on_the_spare_node(
         job=ZERO_REPLICA,
         replace={
             **HSDP_SCRIPT,
-            'fault-scheduling: "grace"': 'fault-scheduling: "grace"\n    pod-rescheduling: "on"',
+            **POD_RESCHEDULING,
             "--step-sleep=0.02": "--step-sleep=0.05",  # the spare agent is up before step 25
         },
     )
@@ -386,9 +390,7 @@ def test_ddp_loop_with_clipping_and_logged_collectives_recovers_in_process(
         replace.update(
             {
                 'recover-strategy: "recover-in-place"': 'recover-strategy: "recover"',
-                'fault-scheduling: "grace"': (
-                    'fault-scheduling: "grace"\n    pod-rescheduling: "on"'
-                ),
+                **POD_RESCHEDULING,
                 "--step-sleep=0.02": "--step-sleep=0.05",
             }
         )

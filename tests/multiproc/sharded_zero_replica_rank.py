@@ -43,6 +43,15 @@ def build(model: nn.Module) -> tuple[ZeroRedundancyOptimizer, ReplicaOptimizer]:
     return opt, ReplicaOptimizer(opt).install()
 
 
+def as_a_replacement(model: nn.Module) -> tuple[ZeroRedundancyOptimizer, ReplicaOptimizer]:
+    """What a replacement process holds: the weights of another seed, a new ZeRO optimizer
+    and replica."""
+    with torch.no_grad():
+        for param, other in zip(model.parameters(), make_model(99).parameters(), strict=True):
+            param.copy_(other)
+    return build(model)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -65,13 +74,8 @@ def main() -> None:
     transfers = 0
     for step in range(args.steps):
         if step == args.at and args.lose >= 0 and not args.half:
-            if rank == args.lose:  # what a replacement process holds
-                with torch.no_grad():
-                    for param, other in zip(
-                        model.parameters(), make_model(99).parameters(), strict=True
-                    ):
-                        param.copy_(other)
-                opt, replica = build(model)
+            if rank == args.lose:
+                opt, replica = as_a_replacement(model)
             with torch.no_grad():
                 for param in model.module.parameters():
                     dist.broadcast(param, src=0)
@@ -80,13 +84,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
         if step == args.at and args.half:
-            if rank == args.lose:  # what its replacement process holds
-                with torch.no_grad():
-                    for param, other in zip(
-                        model.parameters(), make_model(99).parameters(), strict=True
-                    ):
-                        param.copy_(other)
-                opt, replica = build(model)
+            if rank == args.lose:
+                opt, replica = as_a_replacement(model)
             else:  # ZeRO's update up to its broadcast, and the replica's
                 replica._take_params()
                 opt.optim.step()

@@ -1,21 +1,20 @@
 """A rank's next process takes the shardings its predecessor computed (``warmstart``).
 
-Two ranks (this file run as a script, once per rank, against a TCPStore this test process owns)
-train an FSDP2 model on a 2-rank mesh for three steps, the loop people write (AdamW,
-``clip_grad_norm_``), with a :class:`ShardingMemo` in a directory of the test's. The same
-pair runs again, as the ranks' next processes would, twice: with the memo started before the
-mesh exists (as the zygote starts it) and installed after: neither computes a sharding (every
-one is found in the first run's file) and both end with the very same parameters. A fourth
-pair, whose mesh has another dimension name, leaves the file alone and computes its own. A file
-that asks the unpickler for anything but a sharding's classes is not used, and runs nothing.
+Two ranks (this file run as a script, once per rank, by
+:class:`tests.support.worker_ranks.Cluster`) train an FSDP2 model on a 2-rank mesh for three
+steps, the loop people write (AdamW, ``clip_grad_norm_``), with a :class:`ShardingMemo` in a
+directory of the test's. The same pair runs again, as the ranks' next processes would, twice:
+with the memo started before the mesh exists (as the zygote starts it) and installed after:
+neither computes a sharding (every one is found in the first run's file) and both end with the
+very same parameters. A fourth pair, whose mesh has another dimension name, leaves the file
+alone and computes its own. A file that asks the unpickler for anything but a sharding's
+classes is not used, and runs nothing.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
 import sys
 import traceback
 from datetime import timedelta
@@ -44,18 +43,14 @@ class _Planted:
         return (Path.touch, (Path(self.marker),))
 
 
-def rank_main(rank: int, port: int, out: Path, dim_name: str, how: str) -> None:
+def rank_main(out: Path, dim_name: str, how: str) -> None:
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", port, WORLD, is_master=False, timeout=timedelta(seconds=60)
-    )
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=30)
-    )
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank = dist.get_rank()
     report: dict[str, Any] = {}
     try:
         path = warmstart.path_of(out, rank)
@@ -102,30 +97,21 @@ def rank_main(rank: int, port: int, out: Path, dim_name: str, how: str) -> None:
 
 
 def _run(out: Path, dim_name: str, how: str = "install") -> dict[int, dict[str, Any]]:
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    procs = []
+    """One pair of processes: each rank's report."""
+    from tests.support.worker_ranks import Cluster  # not in the ranks: they run this file
+
     for rank in range(WORLD):
         (out / f"report-rank{rank}.json").unlink(missing_ok=True)
-        with (out / f"rank{rank}-{dim_name}.log").open("ab") as log:
-            argv = [sys.executable, __file__, str(rank), str(store.port), str(out), dim_name, how]
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+    logs = out / f"{dim_name}-{how}-{len(list(out.glob('*-logs')))}-logs"
+    logs.mkdir()
+    cluster = Cluster(logs, world_size=WORLD, script=Path(__file__))
     try:
-        for proc in procs:
-            proc.wait(timeout=200)
+        cluster.start([str(out), dim_name, how], managed=False).expect_success()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        cluster.close()
     result = {}
     for rank in range(WORLD):
-        path = out / f"report-rank{rank}.json"
-        log = (out / f"rank{rank}-{dim_name}.log").read_text(errors="replace")
-        assert path.exists(), f"rank {rank} reported nothing:\n{log[-3000:]}"
-        report = json.loads(path.read_text())
+        report = json.loads((out / f"report-rank{rank}.json").read_text())
         assert "error" not in report, f"rank {rank}:\n{report['error']}"
         result[rank] = report
     return result
@@ -181,4 +167,4 @@ def test_a_file_that_is_not_shardings_is_not_used_and_runs_nothing(
 
 
 if __name__ == "__main__":
-    rank_main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5])
+    rank_main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
