@@ -188,34 +188,56 @@ def test_hsdp_killed_rank_is_recovered_in_place_from_its_replica(
 def test_hsdp_lost_node_is_recovered_on_the_spare_node_from_the_other_replica_group(
     run_dir: Path, tmp_path: Path, hsdp_fault_free: Reference
 ) -> None:
+    incident = _node_1_lost_and_recovered_in_process(
+        run_dir,
+        tmp_path,
+        HSDP,
+        "e2e-hsdp",
+        hsdp_fault_free,
+        {'recover-strategy: "recover-in-place"': 'recover-strategy: "recover"'},
+    )
+    assert of_kind(incident, "ProcessesStarted", pod=HSDP_WORKER, node="node-2", generation=1)
+    (loaded,) = of_kind(incident, "StateLoaded")
+    # The whole replica group {2, 3} was lost: each shard came from its holder in {0, 1}.
+    assert loaded["step"] == incident[0]["step"], (loaded, incident[0])
+
+
+def _node_1_lost_and_recovered_in_process(
+    run_dir: Path,
+    tmp_path: Path,
+    spec: Path,
+    name: str,
+    reference: Reference,
+    replace: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the job ``spec`` (named ``name``) with node-1 (ranks 2 and 3) lost at step 25 and
+    pod-level rescheduling on; check that ``recover`` brought the pod up on the spare node with
+    its state from the replicas, every survivor kept, no step recomputed and ``reference``'s
+    model at the end. Returns the incident, for the checks of how it recovered."""
     job = write_job(
         tmp_path / "job.yaml",
-        job=HSDP,
+        job=spec,
         replace={
             **HSDP_SCRIPT,
-            'recover-strategy: "recover-in-place"': 'recover-strategy: "recover"',
             **POD_RESCHEDULING,
             "--step-sleep=0.02": "--step-sleep=0.05",  # the spare agent is up before step 25
+            **(replace or {}),
         },
     )
     res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=job)
     assert res.rc == 0, res.explain()
-    assert "job e2e-hsdp: SUCCEEDED" in res.stdout, res.explain()
+    assert f"job {name}: SUCCEEDED" in res.stdout, res.explain()
     assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
-
     evs = events(run_dir)
     incident = the_incident(evs)
-    fault = incident[0]
-    assert fault["source"] == "node-lost" and fault["ranks"] == [2, 3], fault
-    decision = incident[1]
-    assert decision["strategy"] == "recover", decision
-    assert of_kind(incident, "ProcessesStarted", pod=HSDP_WORKER, node="node-2", generation=1)
+    assert incident[0]["source"] == "node-lost" and incident[0]["ranks"] == [2, 3], incident[0]
+    assert incident[1]["strategy"] == "recover", incident[1]
     (loaded,) = of_kind(incident, "StateLoaded")
-    # The whole replica group {2, 3} was lost: each shard came from its holder in {0, 1}.
-    assert (loaded["generation"], loaded["step"], loaded["source"]) == (1, fault["step"], "replica")
+    assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
     assert recomputed_steps(run_dir) == 0
     assert_healthy_ranks_kept_their_processes(evs, replaced=[2, 3])
-    assert digest(run_dir) == hsdp_fault_free.digest
+    assert digest(run_dir) == reference.digest
+    return incident
 
 
 def test_hsdp_device_memory_error_is_retried_from_the_replica_in_every_process(
@@ -321,28 +343,9 @@ def test_zero_with_replica_optimizer_recovers_a_lost_node_on_the_spare_node(
     fails whole), or while ZeRO broadcasts the updated partitions (a survivor took the update,
     so the repair completes it from node-0's partitions and replicas first: "completing the
     update of step 26" in their logs); either way the same model at the end."""
-    job = write_job(
-        tmp_path / "job.yaml",
-        job=ZERO_REPLICA,
-        replace={
-            **HSDP_SCRIPT,
-            **POD_RESCHEDULING,
-            "--step-sleep=0.02": "--step-sleep=0.05",  # the spare agent is up before step 25
-        },
+    _node_1_lost_and_recovered_in_process(
+        run_dir, tmp_path, ZERO_REPLICA, "e2e-zero", zero_fault_free
     )
-    res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=job)
-    assert res.rc == 0, res.explain()
-    assert "job e2e-zero: SUCCEEDED" in res.stdout, res.explain()
-    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
-    evs = events(run_dir)
-    incident = the_incident(evs)
-    assert incident[0]["source"] == "node-lost" and incident[0]["ranks"] == [2, 3], incident[0]
-    assert incident[1]["strategy"] == "recover", incident[1]
-    (loaded,) = of_kind(incident, "StateLoaded")
-    assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
-    assert recomputed_steps(run_dir) == 0
-    assert_healthy_ranks_kept_their_processes(evs, replaced=[2, 3])
-    assert digest(run_dir) == zero_fault_free.digest
 
 
 def test_zero_link_fault_in_the_optimizer_broadcast_is_re_executed_by_op_retry(
