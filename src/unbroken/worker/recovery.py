@@ -84,8 +84,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,7 +95,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.checkpointer import Checkpointer
 from unbroken.worker.commhook import GradSync, unsupported_reason
-from unbroken.worker.decisionwait import decision_wait_from_environ, undecided_too_long
+from unbroken.worker.decisionwait import undecided_too_long
 from unbroken.worker.failure import SyncFailure
 from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure, pack_op_retry
 from unbroken.worker.linkfault import OpenedLinks
@@ -114,18 +113,15 @@ from unbroken.worker.mailbox import (
 from unbroken.worker.opretry import (
     OpRetrier,
     OpRetryDone,
-    OpRetrySettings,
-    RetryConfig,
-    op_retry_from_environ,
-    retry_config_from_environ,
 )
+from unbroken.worker.recoverysettings import JOIN, RecoverySettings
 from unbroken.worker.replica import ReplicaError, repair
 from unbroken.worker.sharding import Layout, in_process_refusal
 from unbroken.worker.shardsync import ShardSync
 from unbroken.worker.stepgroup import adopt_default_group, release_all, use_repairer
 from unbroken.worker.stepretry import StepRetry
 from unbroken.worker.steprng import StepRng
-from unbroken.worker.stress import SimDevice, device_checksum, run_stress
+from unbroken.worker.stress import device_checksum, run_stress
 from unbroken.worker.torchapi import (
     PrefixStore,
     broadcast_coalesced,
@@ -139,58 +135,12 @@ from unbroken.worker.trainstate import TrainState
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R")
 
-#: Set to ``1`` for a process started to take a lost rank's place.
-JOIN = "UNBROKEN_JOIN"
-
 
 class RecoveryFailed(BaseException):
     """In-process recovery could not bring this rank back; the process must not train on.
 
     A ``BaseException``, like ``SystemExit``: a script's ``except Exception`` does not swallow
     it, so the rank cannot train on over a failed recovery."""
-
-
-@dataclass(frozen=True)
-class RecoverySettings:
-    """How this rank recovers; read once by ``unbroken.worker.init``."""
-
-    mailbox: Path | None = None  # None: no agent to send commands (plain torchrun)
-    join: bool = False  # a replacement process
-    master_addr: str = ""  # the store this process's own init_process_group used
-    master_port: int = 0
-    command_timeout_s: float = 120.0
-    decision_wait_s: float | None = None  # MINDIO_WAIT_MINDX_TIME (worker.decisionwait)
-    comm_timeout_s: float = 30.0
-    ckpt_timeout_s: float = 600.0
-    poll_interval_s: float = 0.005  # the mailbox poll while stopped: one stat() each
-    op_retry: OpRetrySettings | None = None  # HCCL_OP_RETRY_*: None when off for this group
-    step_retry: RetryConfig | None = None  # HCCL_OP_RETRY_* for the step's other collectives
-    device: SimDevice | None = None  # the simulated device the stress test's check runs on
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str], **values: Any) -> RecoverySettings:
-        join_raw = environ.get(JOIN, "")
-        if join_raw not in ("", "0", "1"):
-            raise ValueError(f"environment variable {JOIN}={join_raw!r} is not 0 or 1")
-        mailbox = environ.get(MAILBOX) or None
-        join = join_raw == "1"
-        if join and mailbox is None:
-            raise ValueError(
-                f"{JOIN}=1 but {MAILBOX} is not set: a replacement process takes its "
-                "repair command from its mailbox"
-            )
-        port_raw = environ.get("MASTER_PORT", "")
-        values.setdefault("device", SimDevice.from_environ(environ))
-        values.setdefault("decision_wait_s", decision_wait_from_environ(environ))
-        return cls(
-            mailbox=Path(mailbox) if mailbox else None,
-            join=join,
-            master_addr=environ.get("MASTER_ADDR", ""),
-            master_port=int(port_raw) if port_raw.isdigit() else 0,
-            op_retry=op_retry_from_environ(environ),
-            step_retry=retry_config_from_environ(environ),
-            **values,
-        )
 
 
 class Recovery:

@@ -58,7 +58,8 @@ from unbroken.worker.data import Batches
 from unbroken.worker.elastic import VirtualGrads, plain_all_gather
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
-from unbroken.worker.recovery import Recovery, RecoverySettings, checkpoint_group
+from unbroken.worker.recovery import Recovery, checkpoint_group
+from unbroken.worker.recoverysettings import RecoverySettings
 from unbroken.worker.sharding import ShardingError
 from unbroken.worker.shardsync import model_mesh
 from unbroken.worker.statecodec import StateCodecError, pack, unpack
