@@ -89,6 +89,7 @@ from unbroken.protocol.messages import (
 from unbroken.rpc import ControlClient, RpcError
 from unbroken.rpc.tls import CredentialsError, read_credentials
 from unbroken.spec.injected_env import switched_off
+from unbroken.worker.env import WARM_DIR
 from unbroken.worker.linkfault import LinkFaultError
 
 log = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ class ManagedAgent:
             env["RANK"] = env["ROLE_RANK"] = str(world.index(rank))
             env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = str(len(world))
         env["UNBROKEN_MAILBOX"] = str(mb)
-        env["UNBROKEN_WARM_DIR"] = str(self.pod_dir / "warm")  # unbroken.worker.warmstart
+        env[WARM_DIR] = str(self.pod_dir / "warm")  # unbroken.worker.warmstart
         if self.plane:
             env["GLOO_SOCKET_IFNAME"] = self._ifnames[self.plane]
         if join:

@@ -34,7 +34,7 @@ comes, as do the ranks it forks; without that capability it could not come back,
 at normal priority throughout.
 
 Run as ``python -m unbroken.agent.standby --reply-fd N [--background]``. It imports torch, the
-worker library (torch and the standard library only) and the standard library only.
+worker library and the standard library only.
 """
 
 from __future__ import annotations
@@ -59,10 +59,11 @@ Handler = Callable[[int, Any], Any] | int | signal.Handlers | None
 def _start_warm(env: dict[str, str]) -> None:
     """A rank of a pod with a warm directory reads its predecessor's shardings from its first
     sharded operator on (``fully_shard`` included): :mod:`unbroken.worker.warmstart`."""
-    warm_dir, rank = env.get("UNBROKEN_WARM_DIR"), env.get("RANK", "")
-    if warm_dir and rank.isdigit():
-        from unbroken.worker import warmstart
+    from unbroken.worker import warmstart
+    from unbroken.worker.env import WARM_DIR
 
+    warm_dir, rank = env.get(WARM_DIR), env.get("RANK", "")
+    if warm_dir and rank.isdigit():
         warmstart.start(warmstart.path_of(Path(warm_dir), int(rank)))
 
 

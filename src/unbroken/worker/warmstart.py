@@ -138,11 +138,19 @@ class ShardingMemo:
     def install(cls, path: Path, mesh: DeviceMesh) -> ShardingMemo | None:
         """Note every sharding computed from now on, first reading ``path`` if it is there;
         None: this torch offers no place to note them."""
+        memo = cls._noting(path, mesh)
+        if memo is not None:
+            memo.load()
+        return memo
+
+    @classmethod
+    def _noting(cls, path: Path, mesh: DeviceMesh | None) -> ShardingMemo | None:
+        """A memo that notes every sharding computed from now on (None: this torch offers no
+        place to note them)."""
         memo = cls(path, mesh)
         if not torchapi.wrap_sharding_propagation(memo._around):
             logger.debug("this torch has no sharding propagation to keep: no warm start")
             return None
-        memo.load()
         return memo
 
     def attach(self, mesh: DeviceMesh) -> None:
@@ -256,11 +264,7 @@ def start(path: Path) -> ShardingMemo | None:
     place to note them."""
     global _started
     if _started is None:
-        memo = ShardingMemo(path, None)
-        if not torchapi.wrap_sharding_propagation(memo._around):
-            logger.debug("this torch has no sharding propagation to keep: no warm start")
-            return None
-        _started = memo
+        _started = ShardingMemo._noting(path, None)
     return _started
 
 
