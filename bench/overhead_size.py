@@ -6,15 +6,19 @@ For each size, ``--world`` ranks (started as ``bench/ranks.py`` does: Unbroken's
 set, a recovery mailbox, so in-process recovery is on) train the MLP of
 ``examples/train_mlp.py`` with ``--width``/``--layers`` (AdamW, fp32, DDP on gloo with
 ``find_unused_parameters=True``), batches from a ``StatefulDataLoader`` given to the session
-(``data=``: the data tape), an LR scheduler registered with it, gradient clipping, and alternate
-blocks of ``--block`` steps:
+(``data=``: the data tape), an LR scheduler registered with it, gradient clipping, and take
+``--steps`` steps of each of two loops, one of each in turn:
 
-- *plain*: a ``range`` loop, DDP's own bucketed all-reduce, no step snapshot, no agreement check:
-  what the script costs without Unbroken;
+- *plain*: DDP's own bucketed all-reduce, no step snapshot, no agreement check: what the
+  script costs without Unbroken;
 - *Unbroken*: ``session.steps`` with everything on: the failure-tolerant gradient hook, the
   optimizer wrapper, per-step seeding, the mailbox poll, the heartbeat, the step snapshot and the
-  data tape; the agreement check runs every ``--agree-every`` steps (``unbroken.worker.init``'s
-  default), which few blocks reach, so it is timed alone and amortized over its interval.
+  data tape.
+
+The plain step runs inside the session's (after its body, before its commit) and its time is
+taken out of the session's, so both loops see the same moment of a noisy machine. The agreement
+check, every ``--agree-every`` steps (``unbroken.worker.init``'s default) and at the end of
+every ``steps()`` call, is off in this loop: it is timed alone and amortized over its interval.
 
 Printed per size: the median and mean step of each loop and their ratio, and each part timed
 alone: the session's loop with an empty body (hooks, heartbeat, mailbox), one step snapshot, the
@@ -89,9 +93,6 @@ def _rank_main(args: argparse.Namespace) -> None:
     def plain_bucket(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         return allreduce_hook(sync.group, bucket)
 
-    def begin_plain(step: int, *, snapshot: bool) -> None:
-        begin(step, snapshot=False)
-
     def body(x: torch.Tensor, y: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
         loss_fn(ddp(x), y).backward()
@@ -99,30 +100,37 @@ def _rank_main(args: argparse.Namespace) -> None:
         opt.step()
         scheduler.step()
 
-    def blocks(on: bool) -> list[float]:
-        marks = []
-        dist.barrier()
-        if on:
-            sync._on_bucket = hooked_bucket  # type: ignore[method-assign]
-            state.begin = begin  # type: ignore[method-assign]
-            for _step in session.steps(session.committed + args.block):
-                marks.append(time.perf_counter())
-                body(*session.batch())
-        else:
-            sync._on_bucket = plain_bucket  # type: ignore[method-assign]
-            state.begin = begin_plain  # type: ignore[method-assign]
-            for _step in range(args.block):
-                marks.append(time.perf_counter())
-                body(*next(plain_batches))
-        marks.append(time.perf_counter())
-        return [b - a for a, b in itertools.pairwise(marks)]
+    def plain_step() -> float:
+        """One step of the plain loop, run between two of the session's (its time)."""
+        sync._on_bucket = plain_bucket  # type: ignore[method-assign]
+        t0 = time.perf_counter()
+        body(*next(plain_batches))
+        took = time.perf_counter() - t0
+        sync._on_bucket = hooked_bucket  # type: ignore[method-assign]
+        return took
 
-    blocks(True)  # warm-up
-    plain: list[float] = []
-    full: list[float] = []
-    for _ in range(args.repeats):
-        plain += blocks(False)
-        full += blocks(True)
+    def pairs(n: int) -> tuple[list[float], list[float]]:
+        """``n`` steps of each loop, one of each in turn: the session's step is yield to
+        yield (its body, commit and the next step's start) less the plain step run inside it.
+        The periodic agreement check is off here (timed alone below)."""
+        plain: list[float] = []
+        full: list[float] = []
+        every, session.agree_every = session.agree_every, 0
+        dist.barrier()
+        last = None
+        for _step in session.steps(session.committed + n + 1):
+            now = time.perf_counter()
+            if last is not None:
+                full.append(now - last - plain[-1])
+            last = now
+            if len(plain) < n:  # the last yield ends the loop (its closing check is no step)
+                body(*session.batch())
+                plain.append(plain_step())
+        session.agree_every = every
+        return plain, full
+
+    pairs(3)  # warm-up
+    plain, full = pairs(args.steps)
 
     def alone(fn: Any, n: int) -> float:
         dist.barrier()
@@ -133,10 +141,12 @@ def _rank_main(args: argparse.Namespace) -> None:
 
     n = 2000
     empty_s = alone(lambda: None, n)
-    t0 = time.perf_counter()
-    for _step in session.steps(session.committed + n):
-        pass
-    session_s = (time.perf_counter() - t0) / n - empty_s
+    # The session's loop alone: the agreement check off (it is timed alone below), from the
+    # first step's start to the last's (the closing check left out).
+    every, session.agree_every = session.agree_every, 0
+    yields = [time.perf_counter() for _step in session.steps(session.committed + n + 1)]
+    session.agree_every = every
+    session_s = (yields[-1] - yields[0]) / n - empty_s
     snapshot_s = alone(lambda: begin(session.committed, snapshot=True), 20)
     tape_s = alone(loader.state_dict, 200)
     check_s = alone(lambda: agreement.check(state, session.committed, sync.all_gather), 3)
@@ -159,7 +169,7 @@ def _rank_main(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace, width: int, layers: int) -> dict[str, Any]:
     def argv(tmp: Path) -> list[str]:
         out = [f"--width={width}", f"--layers={layers}"]
-        for name in ("block", "repeats", "batch", "agree_every"):
+        for name in ("steps", "batch", "agree_every"):
             out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         return out
 
@@ -167,23 +177,27 @@ def measure(args: argparse.Namespace, width: int, layers: int) -> dict[str, Any]
 
 
 def row(name: str, params: int, r: dict[str, Any], agree_every: int) -> str:
-    plain, full = statistics.median(r["plain_s"]), statistics.median(r["full_s"])
-    mean_p, mean_f = statistics.fmean(r["plain_s"]), statistics.fmean(r["full_s"])
+    plain = statistics.median(r["plain_s"])
+    diffs = [f - p for p, f in zip(r["plain_s"], r["full_s"], strict=True)]
+    diff, q = statistics.median(diffs), statistics.quantiles(diffs, n=4)
     check_step = r["check_s"] / agree_every
-    parts = r["session_s"] + r["snapshot_s"] + r["tape_s"] + check_step
+    parts = r["session_s"] + r["snapshot_s"] + r["tape_s"]
     return (
         f"| {name} ({params / 1e6:.1f}M) | {plain * 1e3:.0f} ms | "
-        f"{(full / plain - 1) * 100:+.2f} % / {(mean_f / mean_p - 1) * 100:+.2f} % | "
+        f"{diff * 1e3:+.1f} ms ({diff / plain * 100:+.2f} %), "
+        f"{q[0] * 1e3:+.1f} to {q[2] * 1e3:+.1f} ms | "
         f"{r['session_s'] * 1e6:.0f} us | {r['snapshot_s'] * 1e6:.0f} us | "
-        f"{r['tape_s'] * 1e6:.0f} us | {r['check_s'] * 1e3:.0f} ms ({check_step * 1e6:.0f} us) | "
-        f"{parts / plain * 100:.2f} % |"
+        f"{r['tape_s'] * 1e6:.0f} us | {parts / plain * 100:.2f} % | "
+        f"{r['check_s'] * 1e3:.0f} ms ({check_step / plain * 100:.2f} %) | "
+        f"{(diff + check_step) / plain * 100:+.2f} % |"
     )
 
 
 HEAD = (
-    "| model | plain step (median) | Unbroken's step over plain, median / mean | hooks, "
-    "heartbeat, mailbox (per step) | step snapshot | data tape | agreement check (per step "
-    "at its interval) | the parts alone, share of the step |\n|---|---|---|---|---|---|---|---|"
+    "| model | plain step (median) | Unbroken's step less the plain one: median (share), "
+    "quartiles | hooks, heartbeat, mailbox (per step) | step snapshot | data tape | these "
+    "three, share of the step | agreement check (share at its interval) | in all: the median "
+    "difference and the check |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -191,8 +205,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10M,50M,100M", help=f"of {', '.join(SIZES)}")
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--block", type=int, default=5, help="steps per alternating block")
-    p.add_argument("--repeats", type=int, default=6, help="blocks of each kind")
+    p.add_argument("--steps", type=int, default=40, help="steps of each loop")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--agree-every", type=int, default=100)
     p.add_argument("--markdown", type=Path, default=None, help="the README's table")
@@ -206,7 +219,7 @@ def main() -> None:
         return
     load0 = os.getloadavg()[0]
     print(
-        f"world {args.world}, blocks of {args.block} steps, {args.repeats} of each loop, "
+        f"world {args.world}, {args.steps} steps of each loop in turn, "
         f"batch {args.batch}, agreement every {args.agree_every} steps; load {load0:.1f}",
         flush=True,
     )
