@@ -57,6 +57,8 @@ from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.mailbox import Dump, MailboxWriter, Pause, Rejoin, Stress
 from unbroken.protocol.messages import (
     COMMANDS,
+    HEARTBEAT,
+    HEARTBEATS,
     AgentHeartbeat,
     AgentHello,
     CutPlane,
@@ -153,6 +155,7 @@ class ManagedAgent:
         self.args = args
         self.s = settings
         self.client = _client(settings)
+        self._beats = self.client.pipe(HEARTBEATS, HEARTBEAT)
         self.generation = -1
         self.ranks: dict[int, RankProcess] = {}
         self.done: set[int] = set()
@@ -192,8 +195,12 @@ class ManagedAgent:
         sender = Sender(
             pod=self.s.pod, agent_pid=os.getpid(), generation=self.generation, at=time.time()
         )
+        method, body = method_of(report), encode_report(sender, report)
         try:
-            reply = self.client.call(method_of(report), encode_report(sender, report))
+            if method == HEARTBEAT:
+                reply = self._heartbeat_call(body)
+            else:
+                reply = self.client.call(method, body)
         except RpcError as exc:
             if time.monotonic() - self._last_contact > self.s.control_timeout_s:
                 raise AgentExit(3, f"giving up: {exc}") from None
@@ -201,6 +208,16 @@ class ManagedAgent:
             return {}
         self._last_contact = time.monotonic()
         return reply
+
+    def _heartbeat_call(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A heartbeat over the agent's heartbeat stream, answered before anything else is
+        sent (a report that follows it is handled after it); over a unary call when the stream
+        failed (a heartbeat told twice changes nothing)."""
+        try:
+            return self._beats.call(body)
+        except RpcError as exc:
+            log.debug("heartbeat stream: %s", exc)
+            return self.client.call(HEARTBEAT, body)
 
     def _watch_commands(self) -> None:
         while True:

@@ -14,6 +14,7 @@ Everything here is pure: the elastic operations (:mod:`unbroken.manager.scaling`
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from unbroken.manager.layout import JobLayout
 
@@ -63,11 +64,12 @@ class ElasticState:
         """The job's ranks in the current world, in order (rank ``world[i]`` is rank ``i``)."""
         return tuple(r for pod in self.pods for r in self.job.ranks_of(pod))
 
-    @property
+    @cached_property
     def world_size(self) -> int:
-        # Read on every tick of the manager: counted from the pods, not by listing every rank.
-        gone = set(self.dropped_pods)
-        return sum(p.nproc for p in self.job.pods if p.name not in gone)
+        # Read on every tick and report of the manager: counted once per state (a state is
+        # never changed, a new one replaces it), from the pods dropped, not by listing every
+        # pod or rank.
+        return self.job.world_size - sum(self.job.nproc_of(d.pod) for d in self.dropped)
 
     @property
     def shrunk(self) -> bool:

@@ -38,8 +38,10 @@ class JobLayout:
     total_steps: int | None = None
     min_pods: int | None = None  # elastic training's minimum (minReplicas); None: every pod
 
-    @property
+    @cached_property
     def world_size(self) -> int:
+        # Read per report and per tick: a sum over 10k pods each time was most of the
+        # manager's work while a large job's agents reported in.
         return sum(p.nproc for p in self.pods)
 
     @property
@@ -65,6 +67,12 @@ class JobLayout:
         if p is None:
             raise ValueError(f"no pod {pod!r} in job {self.job_id}")
         return tuple(range(p.node_rank * p.nproc, (p.node_rank + 1) * p.nproc))
+
+    def nproc_of(self, pod: str) -> int:
+        p = self._by_name.get(pod)
+        if p is None:
+            raise ValueError(f"no pod {pod!r} in job {self.job_id}")
+        return p.nproc
 
     def pod_of_rank(self, rank: int) -> str | None:
         return self._by_rank.get(rank)

@@ -44,6 +44,7 @@ from unbroken.protocol.hosts import (
 from unbroken.protocol.messages import (
     COMMANDS,
     HEARTBEAT,
+    HEARTBEATS,
     HELLO,
     REPORT,
     Order,
@@ -381,7 +382,8 @@ class NodeRegistry:
             return self._orders.get(node)
 
 
-#: The calls of a pod's agent: each names its pod (``pod``).
+#: The calls of a pod's agent: each names its pod (``pod``); a heartbeat over its stream
+#: (``HEARTBEATS``) is checked as a call of ``HEARTBEAT``.
 AGENT_CALLS = (HELLO, HEARTBEAT, REPORT, COMMANDS)
 #: The calls of a person's command on the control plane's host.
 ADMIN_CALLS = (INJECT, STRESS_TEST, LINK, RELEASE)
@@ -485,6 +487,9 @@ def build_server(
         async_unary={m: ask(m) for m in (HELLO, INJECT, STRESS_TEST, LINK, RELEASE)},
         streams={NODE_ORDERS: node_orders},
         async_streams={COMMANDS: agent_commands},
+        # An agent's heartbeats over one stream: a unary call's setup cost the server's loop
+        # most of its time at 10k nodes (bench/scale.py).
+        pipes={HEARTBEATS: (HEARTBEAT, post(HEARTBEAT))},
         # Heartbeats and reports only go on the inbox: they are handled on the server's loop.
         inline=(HEARTBEAT, REPORT),
         host=host,

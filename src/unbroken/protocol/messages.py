@@ -64,6 +64,8 @@ from unbroken.protocol.wire import (
 HELLO = "AgentHello"
 SWITCHED_MAX = 8  # rungs a hello may name as switched off
 HEARTBEAT = "AgentHeartbeat"
+#: The stream an agent sends its heartbeats over, each answered as the unary call would be.
+HEARTBEATS = "AgentHeartbeats"
 REPORT = "AgentReport"
 COMMANDS = "AgentCommands"
 

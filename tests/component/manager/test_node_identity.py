@@ -95,6 +95,13 @@ def test_a_node_cannot_act_as_another_node_and_no_pid_below_1_is_obeyed(tmp_path
             lambda: node1.call("AgentHeartbeat", {"pod": "pod-a", "agent_pid": pod.pid}),
             grpc.StatusCode.PERMISSION_DENIED,
         )
+        # A heartbeat over the agents' heartbeat stream is checked as the call would be.
+        beats = node1.pipe("AgentHeartbeats", "AgentHeartbeat")
+        why = _refused(
+            lambda: beats.call({"pod": "pod-a", "agent_pid": pod.pid}),
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+        assert "pod 'pod-a' is not placed on node node-1" in why
         assert inbox.empty()
         _refused(
             lambda: node1.call("Inject", {"kind": "node", "node": "node-0"}),

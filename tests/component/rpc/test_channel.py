@@ -71,6 +71,37 @@ def test_a_bad_request_is_an_invalid_argument() -> None:
         server.stop()
 
 
+def test_a_pipe_answers_each_call_in_order_and_checks_each_request() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def beat(body: dict[str, Any]) -> dict[str, Any]:
+        seen.append(body)
+        return {"ok": True, "n": body["n"]}
+
+    server = ControlServer("s3cret", unary={}, pipes={"Beats": ("Beat", beat)})
+    server.start()
+    try:
+        client = ControlClient(server.address, "s3cret")
+        pipe = client.pipe("Beats", "Beat")
+        assert [pipe.call({"n": i})["n"] for i in range(50)] == list(range(50))
+        assert [b["n"] for b in seen] == list(range(50))
+        # A request the handler cannot take ends the stream with the reason; the next call
+        # opens a new one.
+        with pytest.raises(RpcError, match="INVALID_ARGUMENT: Beats: 'n'"):
+            pipe.call({"m": 1})
+        assert pipe.call({"n": 7}) == {"ok": True, "n": 7}
+        pipe.close()
+        client.close()
+        # Without the secret the stream is refused, and nothing reaches the handler.
+        guess = ControlClient(server.address, "guess")
+        with pytest.raises(RpcError, match="UNAUTHENTICATED: missing or wrong run secret"):
+            guess.pipe("Beats", "Beat").call({"n": 99})
+        guess.close()
+        assert [b.get("n") for b in seen] == [*range(50), None, 7]
+    finally:
+        server.stop()
+
+
 def test_a_dead_control_plane_is_named() -> None:
     server = _server()
     address = server.address
