@@ -31,6 +31,7 @@ from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.messages import (
     COMMANDS,
     HEARTBEAT,
+    HEARTBEATS,
     AgentHeartbeat,
     AgentHello,
     PauseRanks,
@@ -195,6 +196,8 @@ class SimAgent:
         self.stream_task: asyncio.Task[None] | None = None
         self.stream: Any = None  # the order stream's call
         self.in_flight: set[Any] = set()  # unary calls not yet answered
+        self.beats: Any = None  # the heartbeat stream's call
+        self.beat_lock = asyncio.Lock()
         self.rank_pids = {node_rank * RANKS + i: self.pid * 16 + i for i in range(RANKS)}
         self._template_key: tuple[Any, ...] | None = None
         self._template: tuple[str, list[str]] = ("", [])
@@ -210,6 +213,8 @@ class SimAgent:
         if self.stream is not None:
             # Cancelled at once, as a connection gone would be (not left to the collector).
             self.stream.cancel()
+        if self.beats is not None:
+            self.beats.cancel()
         if self.stream_task is not None:
             self.stream_task.cancel()
 
@@ -222,7 +227,33 @@ class SimAgent:
         )
 
     async def send_beat(self) -> JsonObj:
-        return await self.send_body(HEARTBEAT, self.beat_wire(time.time()))
+        """A heartbeat over the agent's heartbeat stream, answered before the next goes (as
+        the real agent sends it); over the unary call when the stream failed."""
+        if self.silent:
+            return {}
+        body = self.beat_wire(time.time())
+        async with self.beat_lock:
+            try:
+                if self.beats is None:
+                    self.beats = self.f.channel(self.node_rank).stream_stream(
+                        f"/{SERVICE}/{HEARTBEATS}",
+                        request_serializer=_dumps,
+                        response_deserializer=_loads,
+                    )(metadata=self.f.meta)
+                await self.beats.write(body)
+                reply = await asyncio.wait_for(self.beats.read(), 30)
+                if isinstance(reply, dict):
+                    return reply
+            except (grpc.aio.AioRpcError, TimeoutError):
+                pass
+            except asyncio.CancelledError:
+                if self.silent:
+                    return {}
+                raise
+            if self.beats is not None:
+                self.beats.cancel()
+                self.beats = None
+        return await self.send_body(HEARTBEAT, body)
 
     async def send_body(self, method: str, body: JsonObj | bytes) -> JsonObj:
         if self.silent:
