@@ -104,7 +104,11 @@ class Ledger:
 
     def set_status(self, status: JobStatus) -> None:
         """Replace the status snapshot."""
-        text = json.dumps(encode_status(status), separators=(",", ":"))
+        self.set_status_text(json.dumps(encode_status(status), separators=(",", ":")))
+
+    def set_status_text(self, text: str) -> None:
+        """Replace the status snapshot with ``text``, a status already encoded as
+        :meth:`set_status` encodes it (:class:`unbroken.manager.snapshot.StatusText`)."""
         with self._lock:
             self._execute("INSERT OR REPLACE INTO status (id, data) VALUES (1, ?)", (text,))
 

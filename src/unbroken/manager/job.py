@@ -48,6 +48,7 @@ from unbroken.ledger import (
     StateLoaded,
     StepProgress,
 )
+from unbroken.manager.collector import Collector
 from unbroken.manager.console import Console
 from unbroken.manager.context import Context
 from unbroken.manager.detector import Detector, Where, diverged
@@ -78,7 +79,7 @@ from unbroken.manager.service import (
     silence_timeout_s,
 )
 from unbroken.manager.sessionless import Sessionless
-from unbroken.manager.snapshot import RunOutcome, StopRequested, job_status
+from unbroken.manager.snapshot import RunOutcome, StatusText, StopRequested, job_status
 from unbroken.manager.straggler import StragglerWatch
 from unbroken.manager.stress import ManagerStressHost, StressTester
 from unbroken.manager.switches import Switches
@@ -113,16 +114,13 @@ __all__ = ["JobManager", "ManagerError", "RunOutcome"]
 
 log = logging.getLogger(__name__)
 
-#: The manager's clock period: timeouts, settling and the policy's deadlines are checked this
-#: often (and no more often, however many messages arrive).
+#: The manager's clock period: timeouts, settling and deadlines are checked this often (no more).
 TICK_S = 0.05
 #: A heartbeat that changes a rank's phase ticks this soon after the last tick.
 PHASE_TICK_S = 0.005
-#: How long a lost node is held while other agents are silent, so that the nodes of a rack
-#: that went at once are one incident (:meth:`Detector.settle`): in a small job they are found
-#: lost one heartbeat interval apart (0.1 s); in a large one their order streams break
-#: together, and the server sees the breaks up to about a second apart when it is busy
-#: (bench/scale.py, 10k nodes).
+#: How long a lost node is held while other agents are silent, so that a rack that went at once
+#: is one incident (:meth:`Detector.settle`): a small job finds its nodes lost a heartbeat
+#: interval apart (0.1 s); a busy server sees a large one's streams break up to ~1 s apart.
 GATHER_S = 1.0
 
 # Messages that come from the network (agents, ``unbroken inject``), not from this process.
@@ -187,13 +185,12 @@ class JobManager:
         #: The agents' heartbeat interval and the silence that loses a node whose agent's order
         #: stream is still open (unbroken.manager.service: the protocol at scale).
         self.heartbeat_s = heartbeat_interval_s(len(job.pods))
-        #: What scans every rank (stragglers, steady progress) and the status run once per half
-        #: heartbeat interval at most, not on every tick: they grow with N, and at 1000 nodes
-        #: the status alone took 60 ms every 0.5 s (bench/scale.py). A small job scans every
-        #: tick.
+        #: What scans every rank (stragglers, progress, the status) runs once per half interval
+        #: at most (it grows with N; bench/scale.py); a small job scans every tick.
         self.scan_s = max(TICK_S, self.heartbeat_s / 2)
         self.next_scan_at = 0.0
         self.next_status_at = 0.0
+        self.status_text = StatusText()  # the snapshot's pod rows, each encoded once
         # The parts, each the one owner of its state (see the module doc).
         self.gens = Generations()
         self.incidents = Incidents(ctx)
@@ -220,6 +217,7 @@ class JobManager:
             self.heartbeat_s,
             silence_timeout_s(self.heartbeat_s, self.opt.agent_timeout_s),
         )
+        self.collector = Collector(active=not self.agents.small)
         self.detector = Detector(ctx.codes, self.opt.settle_s, self.opt.agent_timeout_s)
         #: Nodes slower than their peers (unbroken.policy.straggler).
         fh = job.fault_handling
@@ -350,6 +348,7 @@ class JobManager:
         # outlives the run.
         self.engine.close_stores()
         self.engine.close_image()
+        self.collector.close()
 
     def finish(self, succeeded: bool, reason: str) -> None:
         if self.outcome is not None:
@@ -636,6 +635,7 @@ class JobManager:
         if self.outcome is None:
             ex.policy(PolicyTick(now=now), now)
         self._write_status(now)
+        self.collector.tick(now, quiet=self.incidents.open is None)
 
     def _node_lost(self, pod: PodProcess, now: float, why: str) -> None:
         # Whatever is left of the pod's processes is unsupervised now: end it.
@@ -754,25 +754,25 @@ class JobManager:
         if not force and now < self.next_status_at:
             return
         self.next_status_at = now + max(0.5, self.scan_s)
-        out = self.outcome
-        self.ledger.set_status(
-            job_status(
-                self.job,
-                ended=None if out is None else (out.phase, out.reason),
-                incident=self.incidents.open,
-                pending_reason=self.engine.pending_reason,
-                scaled_in=self.elastic.scaled_in_message(),
-                world_size=self.elastic.world_size,
-                generations=self.gens,
-                step=self.progress_step,
-                pods=self.engine.pods,
-                bindings=self.pool.cluster.bindings,
-                started_at=self.started_at,
-                now=now,
-                faults=self.incidents.n_faults,
-                recoveries=self.incidents.n_recoveries,
-            )
+        out, pods, bindings = self.outcome, self.engine.pods, self.pool.cluster.bindings
+        status = job_status(
+            self.job,
+            ended=None if out is None else (out.phase, out.reason),
+            incident=self.incidents.open,
+            pending_reason=self.engine.pending_reason,
+            scaled_in=self.elastic.scaled_in_message(),
+            world_size=self.elastic.world_size,
+            generations=self.gens,
+            step=self.progress_step,
+            pods={},
+            bindings={},
+            started_at=self.started_at,
+            now=now,
+            faults=self.incidents.n_faults,
+            recoveries=self.incidents.n_recoveries,
+            with_pods=False,
         )
+        self.ledger.set_status_text(self.status_text.text(status, self.job, pods, bindings))
 
     # ---- fault injection (unbroken.chaos.injector) ------------------------------------
     def _chaos(self, now: float) -> None:
