@@ -10,7 +10,8 @@ streams open say more of the control plane (its host stalled, its own backlog) t
 nodes: more than a tenth of a large job's pods silent in one check wait up to a second limit.
 Nor does a stall of the manager itself count against the agents: when its loop did not run for
 :data:`MANAGER_STALL_S` (its process stopped, its host paused), their silence counts from the
-moment it runs again, while it reads the heartbeats that queued meanwhile.
+moment it runs again, while it reads the heartbeats that queued meanwhile; an agent whose order
+stream broke is counted from the break, and lost no sooner than :data:`STALL_GRACE_S` after.
 
 :class:`AgentWatch` returns the pods it finds lost; the loop ends them and tells the detector.
 """
@@ -31,6 +32,13 @@ log = logging.getLogger(__name__)
 AGENTS_SCAN_S = 1.0
 #: A gap between two checks this long means the manager itself did not run.
 MANAGER_STALL_S = 1.0
+#: After a stall of the manager, how long an agent whose order stream broke has at least, from
+#: when the manager runs again, before its node is lost: the server reads meanwhile what its
+#: sockets held (an agent that reconnected). Its silence still counts from the break: a break
+#: is stamped by the server when it saw it, and what queued in the manager's inbox during the
+#: stall is read before each check (counted from the wake-up instead, a node lost in a 1-2 s
+#: stall of a 10k-node manager was found 4 s after it, not 2; bench/scale.py).
+STALL_GRACE_S = 0.5
 
 
 class AgentWatch:
@@ -120,7 +128,8 @@ class AgentWatch:
             limit = self.silence_s
             if not pod.rank_pids and not self.small:
                 limit = max(limit, opt.agent_start_timeout_s)
-            quiet = None if broken_at is None else now - max(broken_at, heard_at)
+            woke = self._awake_at - opt.agent_timeout_s + STALL_GRACE_S
+            quiet = None if broken_at is None else now - max(broken_at, pod.last_heartbeat_at, woke)
             over = silent > opt.agent_timeout_s and silent > limit
             broke = quiet is not None and quiet > opt.agent_timeout_s
             if over and (broke or self.small or silent > 2 * limit):

@@ -31,7 +31,8 @@ from unbroken.devices import (
 )
 from unbroken.faults import FaultLevel
 from unbroken.manager.layout import ManagerOptions
-from unbroken.manager.service import Inbound, build_server
+from unbroken.manager.liveness import STALL_GRACE_S
+from unbroken.manager.service import STREAM_CLOSED, Inbound, build_server
 from unbroken.policy import Recovering, RestartProcesses, RungFailed, Running
 from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
@@ -653,6 +654,31 @@ def test_a_stall_of_the_manager_itself_does_not_lose_the_agents(
         job.tick(0.05)
     lost = [(f["source"], f["pods"]) for f in job.events("FaultDetected")]
     assert lost == [("node-lost", [PODS[1]])], lost
+
+
+def test_a_node_whose_stream_broke_before_a_stall_of_the_manager_is_lost_soon_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's order stream broke, then the manager's loop did not run for 3 s. The break
+    was stamped when the server saw it and the queued heartbeats are read before each check, so
+    the node is lost STALL_GRACE_S after the manager runs again, not an agent timeout after; the
+    agent still heard is not."""
+    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER)
+    placement_as_edges(job)
+    a0, a1 = job.agents
+    for a in (a0, a1):
+        a.beat(Phase.TRAINING, committed=10)
+    job.tick()
+    job.m._handle_one(Inbound(STREAM_CLOSED, {"pod": a1.pod, "pid": a1.pid}, at=job.clock()))
+    pods = job.m.engine.pods
+    job.tick(3.0)  # the stall: 3 s since the break, over the 2 s agent timeout
+    a0.beat(Phase.TRAINING, committed=11)
+    assert not pods[PODS[1]].lost, "lost before the server could read what queued"
+    for _ in range(5):
+        job.tick(STALL_GRACE_S / 5)
+    assert not pods[PODS[1]].lost
+    job.tick(0.05)  # the grace is over (the old rule waited 2 s from the wake-up)
+    assert pods[PODS[1]].lost and not pods[PODS[0]].lost
 
 
 def test_a_rung_a_pods_environment_switches_off_is_skipped_for_the_job(
