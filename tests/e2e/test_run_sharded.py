@@ -120,6 +120,12 @@ def test_fsdp_lost_node_restarts_from_the_checkpoint_on_the_spare_node(tmp_path:
     (loaded,) = [e for e in of_kind(evs, "StateLoaded") if e["generation"] == 1]
     assert (loaded["source"], loaded["step"]) == ("checkpoint", 20), loaded
     assert digest(faulted) == reference.digest
+    # process-recover-enable: pause while the pod is rescheduled, on once generation 1 trains.
+    fault_id = incident[0]["fault_id"]
+    assert of_kind(evs, "ProcessRecoverPaused", fault_id=fault_id, rescheduling="pod-rescheduling")
+    assert len(of_kind(evs, "ProcessRecoverResumed", generation=1)) == 1, evs
+    kinds = [e["kind"] for e in evs]
+    assert kinds.index("ProcessRecoverPaused") < kinds.index("ProcessRecoverResumed"), kinds
 
 
 # -- HSDP: the shards have replicas, so the in-process rungs take the fault ----------------------

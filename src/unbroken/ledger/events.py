@@ -427,6 +427,26 @@ class RungsSwitchedOff(Event):
 
 
 @dataclass(frozen=True)
+class ProcessRecoverPaused(Event):
+    """``process-recover-enable`` went from ``on`` to ``pause``: fault ``fault_id`` went to
+    ``rescheduling`` (``pod-rescheduling``, ``job-rescheduling``), and the process-level rungs
+    stay off until the rescheduled job trains again (the reference's ClusterD sets the label so
+    when a fault falls to rescheduling, and back to ``on`` when the job registers again)."""
+
+    fault_id: str
+    rescheduling: str
+
+
+@dataclass(frozen=True)
+class ProcessRecoverResumed(Event):
+    """``process-recover-enable`` is ``on`` again: generation ``generation`` committed its first
+    step on every rank after the rescheduling that paused it."""
+
+    generation: int
+    paused_s: float
+
+
+@dataclass(frozen=True)
 class PlaneSubHealthy(Event):
     """The job's active network plane ``plane`` was found slow (sub-health, policy row P11):
     the part of each step the ranks waited on their gradients alone took ``comm_s`` against

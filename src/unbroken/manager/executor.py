@@ -295,9 +295,11 @@ class Executor:
                 self._absorb(engine.restart_in_place(self._terms()), now)
             case ReschedulePods(isolate_devices=devs, isolate_nodes=nodes):
                 pool.isolate_all(devs, nodes)
+                inprocess.label.rescheduling("pod-rescheduling", self.incidents.fault_id, now)
                 self._absorb(engine.reschedule(cmd, self._terms()), now)
             case RescheduleJob(isolate_devices=devs, isolate_nodes=nodes):
                 pool.isolate_all(devs, nodes)
+                inprocess.label.rescheduling("job-rescheduling", self.incidents.fault_id, now)
                 self.elastic.abandon()  # the whole job starts again
                 self._absorb(engine.reschedule(cmd, self._terms()), now)
             case FailJob(reason=reason):
@@ -420,6 +422,7 @@ class Executor:
         a change of world size it began is done."""
         self.planes.committed(generation, first_commit_at, step)
         self.elastic.committed(generation, first_commit_at, step)
+        self.inprocess.label.committed(generation, first_commit_at)
 
     def stale(self, rung: int | None) -> bool:
         """Whether an outcome of the rung of policy generation ``rung`` is stale: the policy

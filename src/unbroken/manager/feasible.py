@@ -45,7 +45,9 @@ def feasibility(
     placed elsewhere or pending for room, elastic scale-in; and why not, where known."""
     process_off = ""
     recoverable = inprocess.recoverable()
-    if generations.diverged:
+    if inprocess.label.paused:
+        process_off = f"process-recover-enable is pause ({inprocess.label.paused})"
+    elif generations.diverged:
         process_off = "replicas diverged, so no replica can be trusted"
     elif not recoverable:
         ranks = generations.ranks

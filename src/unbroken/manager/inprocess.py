@@ -34,6 +34,7 @@ from unbroken.manager.engine import Engine, NoRoom, Outcome, Refused
 from unbroken.manager.generations import Generations
 from unbroken.manager.incident import Incidents
 from unbroken.manager.pool import Pool
+from unbroken.manager.recoverlabel import RecoverLabel
 from unbroken.manager.rungs import (
     STOP_TIMEOUT_S,
     AskWriter,
@@ -104,6 +105,9 @@ class InProcess:
         #: ``recover`` with no room yet: the pods, and the rung that waits for room for them
         #: (until its deadline, ``wait-reschedule-timeout``).
         self.pending_spare: tuple[tuple[str, ...], int | None] | None = None
+        #: ``process-recover-enable`` as the run moves it (``pause`` while a fault is
+        #: rescheduled: no process-level rung runs meanwhile).
+        self.label = RecoverLabel(ctx)
 
     @property
     def busy(self) -> bool:

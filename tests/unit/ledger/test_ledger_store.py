@@ -43,6 +43,8 @@ from unbroken.ledger import (
     PodsStopped,
     PodStatus,
     ProcessesStarted,
+    ProcessRecoverPaused,
+    ProcessRecoverResumed,
     RecoveryCompleted,
     RungsSwitchedOff,
     RungsUnavailable,
@@ -148,6 +150,8 @@ ONE_OF_EACH: tuple[Event, ...] = (
     PlaneChanged(node="node-1", plane="a", up=False, changed_at=1700000200.5),
     PlaneSubHealthy(plane="a", comm_s=1.25, baseline_s=0.007, steps=3),
     RungsSwitchedOff(pod="p", ranks=(2, 3), rungs=("retry",), setting="PROCESS_RECOVER=off"),
+    ProcessRecoverPaused(fault_id="f2", rescheduling="pod-rescheduling"),
+    ProcessRecoverResumed(generation=2, paused_s=4.5),
     PlaneFailover(
         from_plane="a",
         to="b",
