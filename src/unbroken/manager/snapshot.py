@@ -51,33 +51,6 @@ class StopRequested(KeyboardInterrupt):
         self.reason = ""
 
 
-def _phase_and_message(
-    ended: tuple[JobPhase, str] | None,
-    incident: Incident | None,
-    pending_reason: str,
-    scaled_in: str,
-    world_size: int,
-    generations: Generations,
-) -> tuple[JobPhase, str]:
-    if ended is not None:
-        phase = ended[0]
-    elif incident is not None:
-        phase = JobPhase.RECOVERING
-    elif len(generations.ranks) == world_size:
-        phase = JobPhase.RUNNING
-    else:
-        phase = JobPhase.PENDING
-    if ended is not None:
-        message = ended[1]
-    elif pending_reason:
-        message = pending_reason
-    elif incident is not None:
-        message = f"recovering from {incident.fault_id} ({incident.strategy})"
-    else:
-        message = scaled_in
-    return phase, message
-
-
 def _row_key(proc: PodProcess | None, binding: Binding | None) -> tuple[object, ...]:
     """What a pod's row is made of: its node and devices, its ranks and their processes."""
     pids = proc.rank_pids if proc else {}
@@ -123,9 +96,22 @@ def job_status(
     to be placed; ``scaled_in``: the elastic job's smaller world), and each pod's node,
     devices and rank processes as they are now (none without ``with_pods``: :class:`StatusText`
     adds them)."""
-    phase, message = _phase_and_message(
-        ended, incident, pending_reason, scaled_in, world_size, generations
-    )
+    if ended is not None:
+        phase = ended[0]
+    elif incident is not None:
+        phase = JobPhase.RECOVERING
+    elif len(generations.ranks) == world_size:
+        phase = JobPhase.RUNNING
+    else:
+        phase = JobPhase.PENDING
+    if ended is not None:
+        message = ended[1]
+    elif pending_reason:
+        message = pending_reason
+    elif incident is not None:
+        message = f"recovering from {incident.fault_id} ({incident.strategy})"
+    else:
+        message = scaled_in
     rows = tuple(
         _row(p.name, _row_key(pods.get(p.name), bindings.get(p.name)))
         for p in (job.pods if with_pods else ())
