@@ -89,6 +89,9 @@ def test_a_killed_rank_of_a_plain_script_is_recovered_by_pod_rescheduling(
     assert kinds.index("RungsUnavailable") < kinds.index("DecisionMade")
     (recovered,) = of_kind(evs, "RecoveryCompleted")
     assert (recovered["strategy"], recovered["generation"]) == ("pod-rescheduling", 1)
+    # process-recover-enable paused for the rescheduling, on again once it succeeded (ranks
+    # without a session commit no first step the manager sees).
+    assert kinds.index("ProcessRecoverPaused") < kinds.index("ProcessRecoverResumed"), kinds
     restarted = of_kind(evs, "ProcessesStarted", generation=1)
     assert sorted(r for e in restarted for r in e["ranks"]) == [0, 1, 2, 3], restarted
     # Every rank restarted and resumed from the script's own checkpoint, to the last step.

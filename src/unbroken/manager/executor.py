@@ -50,6 +50,7 @@ from unbroken.policy import (
     RetryOnline,
     Rung,
     RungFailed,
+    RungSucceeded,
     Running,
     ScaleIn,
     decide,
@@ -125,6 +126,8 @@ class Executor:
         that fails feeds a new event, handled after the current decision's commands)."""
         if isinstance(event, FaultReported) and self._plane_takes(event.fault, now):
             return
+        if isinstance(event, RungSucceeded):  # ranks without a session commit no first step
+            self.inprocess.label.committed(self.gens.current, event.at)
         self._queue.append(event)
         if self._deciding:
             return
