@@ -278,7 +278,13 @@ class Pool:
                 f"device {device} of {node} reports healthy; it stays out of the pool until "
                 "released (ManuallySeparate: unbroken release)"
             )
-        elif self.ctx.cluster.auto_stowing and self.cluster.device_isolated(node, device):
+        elif self.cluster.device_isolated(node, device):
+            if not self.ctx.cluster.auto_stowing:
+                console.line(
+                    f"device {device} of {node} reports healthy; it stays out of the pool until "
+                    "released (autoStowing=false: unbroken release)"
+                )
+                return
             self.cluster = self.cluster.return_device(node, device)
             self.ctx.ledger.record(
                 DeviceReturned(node=node, device=device, reason="healthy again (autoStowing)")
