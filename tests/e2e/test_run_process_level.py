@@ -393,50 +393,6 @@ def test_lost_node_without_a_spare_node_falls_to_job_level_rescheduling(
     assert kinds[-1] == "JobFailed", kinds
 
 
-def test_with_auto_stowing_off_a_healthy_device_waits_for_release(
-    run_dir: Path, reference: Reference, tmp_path: Path
-) -> None:
-    """As above, with ``autoStowing: false``: the device that reports healthy again stays out
-    of the pool, so the pod keeps pending, until ``unbroken release`` returns it; then the pod
-    is recovered on node-1 from a replica."""
-    job = write_job(tmp_path / "job.yaml", job=RECOVER, replace={STEP_SLEEP: "--step-sleep=0.1"})
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(
-        "nodes: 2\ndevicesPerNode: 2\ndevicePlugin:\n  listWatchPeriod: 3\n  autoStowing: false\n"
-    )
-    chaos = FIXTURES / "device-isolate.yaml"
-    running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, "--chaos", chaos, job=job)
-
-    def said(text: str) -> bool:
-        assert running.proc.poll() is None, "the job ended first: " + str(running.output())
-        return text in running.output()[0]
-
-    try:
-        wait_for(lambda: said("pend(s) for room until recover's deadline"), "pending", 120.0)
-        clear = unbroken(
-            "inject", "device", "--node", "node-1", "--device", "1", "--clear", "--run", run_dir
-        )
-        assert clear.rc == 0, clear.explain()
-        healthy = "device 1 of node-1 reports healthy; it stays out of the pool until released"
-        wait_for(lambda: said(healthy), "the healthy device held out", 30.0)
-        assert not of_kind(events(run_dir), "PodPlaced", generation=1), "placed before release"
-        release = unbroken("release", "--node", "node-1", "--device", "1", "--run", run_dir)
-        assert release.rc == 0, release.explain()
-        done = running.wait()
-    finally:
-        running.stop()
-    assert done.rc == 0, done.explain()
-    assert_succeeded(done.stdout, "e2e-recover", run_dir, reference)
-    evs = events(run_dir)
-    (returned,) = of_kind(evs, "DeviceReturned", node="node-1", device=1)
-    assert returned["reason"] == "released by an operator", returned
-    assert [(e["pod"], e["node"]) for e in of_kind(evs, "PodPlaced", generation=1)] == [
-        (RECOVER_WORKER, "node-1")
-    ]
-    (loaded,) = of_kind(the_incident(evs), "StateLoaded")
-    assert (loaded["generation"], loaded["source"]) == (1, "replica"), loaded
-
-
 def dump_only_job(tmp_path: Path) -> Path:
     """The dump fixture with ``recover-strategy: "dump"`` alone."""
     text = DUMP.read_text()

@@ -453,6 +453,29 @@ def test_a_device_isolated_at_separate_npu_returns_by_itself_and_is_not_released
     assert refused["ok"] is False and "it is in the pool" in refused["error"]
 
 
+def test_with_auto_stowing_off_a_device_healthy_again_stays_out_until_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = scripted_job(tmp_path, monkeypatch, nodes=3, auto_stowing=False)
+    lines: list[str] = []
+    monkeypatch.setattr(job.m.console, "line", lambda text, at=None: lines.append(text))
+    job.m.pool.bind(tuple(Binding(p, f"node-{i}", (0, 1)) for i, p in enumerate(PODS)))
+    now = job.clock()
+    device_event(job, DeviceFaulted("node-2", 1, "80E3A201", "separate", now, now))
+    device_event(job, DeviceRecovered("node-2", 1, job.clock.advance(1.0)))
+    assert job.m.pool.cluster.device_isolated("node-2", 1)
+    assert (
+        "device 1 of node-2 reports healthy; it stays out of the pool until released "
+        "(autoStowing=false: unbroken release)"
+    ) in lines
+    assert job.events("DeviceReturned") == []
+    released = _release(job, "node-2", 1)
+    assert released["ok"] is True, released
+    assert not job.m.pool.cluster.device_isolated("node-2", 1)
+    (returned,) = job.events("DeviceReturned")
+    assert returned["reason"] == "released by an operator", returned
+
+
 def test_unbroken_release_reaches_the_manager_through_its_authenticated_control_api(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
