@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from unbroken.ledger import JobPhase, JobStatus, PodStatus
 from unbroken.ledger.codec import to_json_value
@@ -51,25 +51,29 @@ class StopRequested(KeyboardInterrupt):
         self.reason = ""
 
 
-def _row_key(proc: PodProcess | None, binding: Binding | None) -> tuple[object, ...]:
+class _RowKey(NamedTuple):
     """What a pod's row is made of: its node and devices, its ranks and their processes."""
-    pids = proc.rank_pids if proc else {}
-    return (
-        binding.node if binding else "",
-        binding.devices if binding else (),
-        tuple(sorted(pids.items())),
+
+    node: str
+    devices: tuple[int, ...]
+    pids: tuple[tuple[int, int], ...]  # (rank, pid), by rank
+
+
+def _row_key(proc: PodProcess | None, binding: Binding | None) -> _RowKey:
+    return _RowKey(
+        node=binding.node if binding else "",
+        devices=binding.devices if binding else (),
+        pids=tuple(sorted(proc.rank_pids.items())) if proc else (),
     )
 
 
-def _row(name: str, key: tuple[object, ...]) -> PodStatus:
-    node, devices, pids = key
-    assert isinstance(node, str) and isinstance(devices, tuple) and isinstance(pids, tuple)
+def _row(name: str, key: _RowKey) -> PodStatus:
     return PodStatus(
         name=name,
-        node=node,
-        devices=devices,
-        ranks=tuple(r for r, _ in pids),
-        pids=tuple(p for _, p in pids),
+        node=key.node,
+        devices=key.devices,
+        ranks=tuple(r for r, _ in key.pids),
+        pids=tuple(p for _, p in key.pids),
     )
 
 
@@ -145,7 +149,7 @@ class StatusText:
     snapshot now looks at each pod's key only."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[tuple[object, ...], str]] = {}
+        self._rows: dict[str, tuple[_RowKey, str]] = {}
 
     def text(
         self,

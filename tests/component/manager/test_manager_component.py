@@ -657,18 +657,26 @@ def test_a_free_restart_device_still_bound_is_reset_when_the_job_is_over(
     ]
 
 
-def test_a_stall_of_the_manager_itself_does_not_lose_the_agents(
+def _both_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The manager's loop did not run for 5 s (its process stopped): the agents' heartbeats of
-    that time are still queued, so their silence counts from when it runs again; an agent still
-    silent past the limit after that is lost."""
+) -> tuple[Job, ScriptedAgent, ScriptedAgent]:
+    """A ``recover`` job whose two agents have said their ranks train at step 10."""
     job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER)
     placement_as_edges(job)
     a0, a1 = job.agents
     for a in (a0, a1):
         a.beat(Phase.TRAINING, committed=10)
     job.tick()
+    return job, a0, a1
+
+
+def test_a_stall_of_the_manager_itself_does_not_lose_the_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manager's loop did not run for 5 s (its process stopped): the agents' heartbeats of
+    that time are still queued, so their silence counts from when it runs again; an agent still
+    silent past the limit after that is lost."""
+    job, a0, _ = _both_training(tmp_path, monkeypatch)
     job.tick(5.0)
     assert job.events("FaultDetected") == [] and not any(p.lost for p in job.m.engine.pods.values())
     for i in range(120):  # only one agent beats from now on
@@ -686,12 +694,7 @@ def test_a_node_whose_stream_broke_before_a_stall_of_the_manager_is_lost_soon_af
     was stamped when the server saw it and the queued heartbeats are read before each check, so
     the node is lost STALL_GRACE_S after the manager runs again, not an agent timeout after; the
     agent still heard is not."""
-    job = scripted_job(tmp_path, monkeypatch, Strategy.RECOVER)
-    placement_as_edges(job)
-    a0, a1 = job.agents
-    for a in (a0, a1):
-        a.beat(Phase.TRAINING, committed=10)
-    job.tick()
+    job, a0, a1 = _both_training(tmp_path, monkeypatch)
     job.m._handle_one(Inbound(STREAM_CLOSED, {"pod": a1.pod, "pid": a1.pid}, at=job.clock()))
     pods = job.m.engine.pods
     job.tick(3.0)  # the stall: 3 s since the break, over the 2 s agent timeout
