@@ -8,6 +8,9 @@ injection that the tests ask for by flag:
                            raises (a memory error in the middle of the update);
 ``--die-in-transfer``      a rank serving as replica source SIGKILLs itself after sending the
                            first tensor of its state;
+``--fail-retry-group R``   rank R's first op retry attempt fails at once, before its new group's
+                           rendezvous, and every other rank reaches that rendezvous 0.5 s later
+                           (the failed rank is the first out of the meeting);
 ``--per-parameter``        DDP without ``find_unused_parameters``: its buckets rebuild, so the
                            gradients are all-reduced one parameter at a time.
 
@@ -54,6 +57,7 @@ def main() -> None:
     p.add_argument("--die-in-backward", default=None)
     p.add_argument("--fail-update", default=None)
     p.add_argument("--die-in-transfer", action="store_true")
+    p.add_argument("--fail-retry-group", type=int, default=None)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--ckpt-every", type=int, default=0)
@@ -88,6 +92,8 @@ def main() -> None:
         _inject_update_fault(opt, model, fail_update[1])
     if args.die_in_transfer and not replacement:
         _inject_transfer_death()
+    if args.fail_retry_group is not None:
+        _inject_retry_group_failure(args.fail_retry_group == rank)
 
     session = ub.init(
         ddp,
@@ -161,6 +167,24 @@ def _inject_transfer_death() -> None:
         return original(tensor, src, *args, **kwargs)
 
     dist.broadcast = broadcast
+
+
+def _inject_retry_group_failure(here: bool) -> None:
+    from unbroken.worker.opretry import OpRetrier
+
+    original = OpRetrier.group
+    calls = {"n": 0}
+
+    def group(self: OpRetrier, generation: int, name: str) -> Any:
+        if "/step-" in name:  # an attempt's group, not the hook's first one
+            calls["n"] += 1
+            if calls["n"] == 1:
+                if here:
+                    raise RuntimeError("injected: the new group's rendezvous failed here")
+                time.sleep(0.5)
+        return original(self, generation, name)
+
+    OpRetrier.group = group  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -108,6 +108,31 @@ def test_a_reset_link_is_re_executed_without_recovery_and_bitwise_equal(
         assert f"gradient all-reduce of step {LINK_AT} re-executed (op retry" in r.log()
 
 
+def test_an_attempt_failed_by_one_rank_alone_is_retried_by_all_together(
+    jobs: Callable[..., Job], tmp_path: Path, reference: str
+) -> None:
+    # Rank 1's first attempt fails before its new group's rendezvous, while the others wait in
+    # it (until the 2 s group timeout): every rank learns that the attempt failed, and all meet
+    # again in the second, which succeeds. Rank 1 must not go on to the second attempt's
+    # meeting alone and time out there while its peers still wait in the first.
+    env = {
+        **ON_L1,
+        "HCCL_OP_RETRY_PARAMS": "MaxCnt:3, HoldTime:0, IntervalTime:0",
+        **link_fault(tmp_path, 2, LINK_AT),
+    }
+    job = jobs(env, "--fail-retry-group", "1", "--comm-timeout", "2")
+    ranks = job.start_all()
+    job.expect_success()
+    assert "injected: the new group's rendezvous failed here" in ranks[1].log(), job.logs()
+    for r in ranks:
+        assert job.result(r.rank)["digest"] == reference
+        record = r.record()
+        assert (record.phase, record.generation, record.recoveries) == (Phase.DONE, 0, 0)
+        assert record.op_retries == 1
+        step, attempt, _ = unpack_op_retry(record.op_retry_last)
+        assert (step, attempt) == (LINK_AT, 2), r.log()
+
+
 def test_without_op_retry_the_link_fault_fails_the_step_and_recovery_repairs_it(
     jobs: Callable[..., Job], tmp_path: Path, reference: str
 ) -> None:

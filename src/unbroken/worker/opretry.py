@@ -33,8 +33,12 @@ too) with the group timeout; restore the saved inputs and all-reduce them again 
 order. Same ranks, same order, same buffers: the sums, and so the model, are bitwise those of a
 fault-free run. On success the new group is the hook's from then on and the step goes on: no
 recovery, no restart, no step lost.
-Building the group or re-running the collective failing or timing out is a failed attempt;
-after ``MaxCnt`` of them the step fails (:class:`OpRetryExhausted`) and in-process recovery
+Building the group or re-running the collective failing or timing out is a failed attempt,
+and every rank's: after its part, each rank says in the store how it went and waits for the
+others' word (:func:`agree`), so one whose part failed here (before a peer's rendezvous could
+see it, say) does not go on to the next attempt's barrier alone, to time out there while its
+peers still wait out the group timeout in this one. After ``MaxCnt`` failed attempts the step
+fails (:class:`OpRetryExhausted`) and in-process recovery
 takes over. While it waits the retrier polls the rank's recovery mailbox: a command (``pause``,
 ``rejoin``) means the manager is handling a bigger fault (a dead peer), so it stops at once
 (:class:`OpRetryStopped`) and the step fails; a dead peer delays recovery by at most the waits.
@@ -55,6 +59,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 from unbroken.spec.envknobs import KnobSyntaxError, parse_op_retry_enable, parse_op_retry_params
@@ -64,6 +69,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from unbroken.worker import torchapi
     from unbroken.worker.torchapi import ProcessGroupGloo
 
 logger = logging.getLogger(__name__)
@@ -272,14 +278,26 @@ class OpRetrier:
             )
             self._wait(wait_s, attempt, step)
             try:
-                group = self._new_group(step, attempt)
-                self._regroup()  # the other groups the fault broke (checkpoints)
-                for tensor, saved in zip(tensors, inputs, strict=True):
-                    tensor.copy_(saved)
-                works.extend(torchapi.gloo_allreduce(group, t) for t in tensors)
-                error_now = wait_all(works)
-                if error_now is not None:
-                    raise error_now
+                store, name = self._meet(step, attempt)
+                error_here: Exception | None = None
+                try:
+                    group = self.group(self._generation(), f"{name}/pg")
+                    self._regroup()  # the other groups the fault broke (checkpoints)
+                    for tensor, saved in zip(tensors, inputs, strict=True):
+                        tensor.copy_(saved)
+                    works.extend(torchapi.gloo_allreduce(group, t) for t in tensors)
+                    error_here = wait_all(works)
+                except OpRetryStopped:
+                    raise
+                except Exception as e:
+                    error_here = e.with_traceback(None)
+                agree(
+                    store,
+                    error_here,
+                    2 * self.timeout_s,
+                    partial(self._check, attempt, step),
+                    self.poll_interval_s,
+                )
             except OpRetryStopped:
                 _drain(works)
                 raise
@@ -334,10 +352,8 @@ class OpRetrier:
                 "recovery command arrived (the manager is handling the fault)"
             )
 
-    def _new_group(self, step: int, attempt: int) -> ProcessGroupGloo:
-        """Meet every rank in the generation's store, then build the new group."""
-        import torch.distributed as dist
-
+    def _meet(self, step: int, attempt: int) -> tuple[torchapi.Store, str]:
+        """Meet every rank in the generation's store; the attempt's store and name."""
         from unbroken.worker import torchapi
 
         generation = self._generation()
@@ -345,21 +361,78 @@ class OpRetrier:
             self._rounds_generation, self._rounds = generation, 0
         self._rounds += 1
         name = f"{self._rounds}/step-{step}"
-        store = torchapi.PrefixStore(f"op-retry/{generation}/{name}/", torchapi.default_store())
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        store.set(f"arrived/{rank}", "1")
-        keys = [f"arrived/{r}" for r in range(world_size)]
-        deadline = time.monotonic() + self.timeout_s
-        while not store.check(keys):
-            self._check(attempt, step)
-            if time.monotonic() >= deadline:
-                missing = [r for r in range(world_size) if not store.check([f"arrived/{r}"])]
-                raise TimeoutError(
-                    f"rank(s) {missing} did not reach op-retry/{generation}/{name} within "
-                    f"{self.timeout_s:.1f} s"
-                )
-            time.sleep(self.poll_interval_s)
-        return self.group(generation, f"{name}/pg")
+        prefix = f"op-retry/{generation}/{name}/"
+        store = torchapi.PrefixStore(prefix, torchapi.default_store())
+        check = partial(self._check, attempt, step)
+        meet(store, prefix, self.timeout_s, check, self.poll_interval_s)
+        return store, name
+
+
+def _wait_keys(
+    store: torchapi.Store,
+    keys: list[str],
+    timeout_s: float,
+    check: Callable[[], None],
+    poll_interval_s: float,
+    what: str,
+) -> None:
+    """Wait until every key is in ``store`` (``check`` raises to stop); TimeoutError naming
+    the ranks whose key (the i-th is rank i's) did not come in ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not store.check(keys):
+        check()
+        if time.monotonic() >= deadline:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            raise TimeoutError(f"rank(s) {missing} did not {what} within {timeout_s:.1f} s")
+        time.sleep(poll_interval_s)
+
+
+def meet(
+    store: torchapi.Store,
+    where: str,
+    timeout_s: float,
+    check: Callable[[], None],
+    poll_interval_s: float,
+    note: str = "1",
+) -> list[bytes]:
+    """An attempt's barrier: this rank's ``arrived/<rank>`` key (holding ``note``) in
+    ``store``, then every rank's; their notes, in rank order."""
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    store.set(f"arrived/{rank}", note)
+    keys = [f"arrived/{r}" for r in range(world_size)]
+    _wait_keys(store, keys, timeout_s, check, poll_interval_s, f"reach {where}")
+    return [bytes(store.get(key)) for key in keys]
+
+
+def agree(
+    store: torchapi.Store,
+    error: Exception | None,
+    timeout_s: float,
+    check: Callable[[], None],
+    poll_interval_s: float,
+) -> None:
+    """An attempt's end: this rank's outcome (``error``, None if its part succeeded) in
+    ``store``, then every rank's. Returns when all succeeded; raises this rank's error, else an
+    error naming the ranks whose part failed, else TimeoutError. So the ranks go to the next
+    attempt together: a peer still blocked in this attempt (a rendezvous waiting for this rank,
+    until the group timeout) is waited for, not left behind. ``timeout_s``: twice the group
+    timeout covers a peer blocked that long."""
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    store.set(f"outcome/{rank}", "ok" if error is None else describe_error(error))
+    keys = [f"outcome/{r}" for r in range(world_size)]
+    _wait_keys(store, keys, timeout_s, check, poll_interval_s, "end the attempt")
+    if error is not None:
+        raise error
+    failed = {
+        r: text for r, key in enumerate(keys) if (text := bytes(store.get(key)).decode()) != "ok"
+    }
+    if failed:
+        first = min(failed)
+        raise RuntimeError(f"rank(s) {sorted(failed)} failed their part ({first}: {failed[first]})")
 
 
 def hold(wait_s: float, check: Callable[[], None], poll_interval_s: float) -> None:

@@ -49,6 +49,8 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
+from typing import Any
 
 import torch.distributed as dist
 
@@ -60,8 +62,10 @@ from unbroken.worker.opretry import (
     OpRetrySettings,
     OpRetryStopped,
     RetryConfig,
+    agree,
     describe_error,
     hold,
+    meet,
 )
 from unbroken.worker.stepgroup import StepGroup, live_groups
 
@@ -230,29 +234,38 @@ class StepRetry:
         step: int,
         attempt: int,
     ) -> None:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
         firsts = {
             str(g.group_name): min((op.seq for op in g.log if not op.ok), default=g.seq + 1)
             for g in groups
         }
-        store.set(f"{prefix}arrived/{rank}", json.dumps({"step": step, "first": firsts}))
-        keys = [f"{prefix}arrived/{r}" for r in range(world_size)]
-        deadline = time.monotonic() + self.timeout_s
-        while not store.check(keys):
-            self._check(attempt, step)
-            if time.monotonic() >= deadline:
-                missing = [r for r in range(world_size) if not store.check([keys[r]])]
-                raise TimeoutError(
-                    f"rank(s) {missing} did not reach {prefix} within {self.timeout_s:.1f} s"
-                )
-            time.sleep(self.poll_interval_s)
-        arrivals = [json.loads(bytes(store.get(key)).decode()) for key in keys]
+        here = torchapi.PrefixStore(prefix, store)
+        check = partial(self._check, attempt, step)
+        note = json.dumps({"step": step, "first": firsts})
+        notes = meet(here, prefix, self.timeout_s, check, self.poll_interval_s, note)
+        arrivals = [json.loads(n.decode()) for n in notes]
         steps = sorted({int(a["step"]) for a in arrivals})
         if len(steps) > 1:
             raise OpRetryFailed(
                 f"op retry of step {step} stopped: the ranks are at steps {steps} (a rank went "
                 "on before the round began); the recovery ladder takes the fault"
             )
+        error: Exception | None = None
+        try:
+            self._issue_again(store, prefix, groups, arrivals)
+        except OpRetryStopped:
+            raise
+        except Exception as e:
+            error = e.with_traceback(None)
+        agree(here, error, 2 * self.timeout_s, check, self.poll_interval_s)
+
+    def _issue_again(
+        self,
+        store: torchapi.Store,
+        prefix: str,
+        groups: list[StepGroup],
+        arrivals: list[dict[str, Any]],
+    ) -> None:
+        """Rebuild every group and issue its kept collectives again (steps 4 and 5)."""
         timeout = timedelta(seconds=self.timeout_s)
         for group in groups:  # in name order on every rank: no two wait on each other
             group.rebuild(torchapi.PrefixStore(f"{prefix}pg/{group.group_name}/", store), timeout)
@@ -273,7 +286,7 @@ class StepRetry:
                 failure = op.settle() or failure
         if failure is not None:
             raise failure
-        logger.debug("rank %d: %d collective(s) issued again", rank, issued)
+        logger.debug("rank %d: %d collective(s) issued again", dist.get_rank(), issued)
 
     def _wait(self, wait_s: float, attempt: int, step: int) -> None:
         hold(wait_s, lambda: self._check(attempt, step), self.poll_interval_s)
