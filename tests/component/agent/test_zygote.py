@@ -47,8 +47,9 @@ RANK = textwrap.dedent(
         "stdin": sys.stdin.read(),
         "random": random.getrandbits(64),
         "torch_random": int(torch.randint(0, 2**62, (1,)).item()),
-        "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
-        "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+        "sigint": repr(signal.getsignal(signal.SIGINT)),
+        "sigterm": repr(signal.getsignal(signal.SIGTERM)),
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "threads": torch.get_num_threads(),
     }
     with open(out, "w") as f:
@@ -124,7 +125,12 @@ def test_ranks_forked_from_one_zygote(
     assert seen["argv"] == [str(tmp_path / "train.py"), "ok", str(tmp_path / "ok.json")]
     assert seen["name"] == "__main__" and seen["path0"] == str(tmp_path)
     assert seen["stdin"] == ""
-    assert seen["sigint"] and seen["sigterm"], (seen, log.read_text())
+    # A fresh interpreter's dispositions, whatever the zygote's parent had (this test process:
+    # a disposition it ignores would pass to a cold rank as well).
+    here = (repr(signal.getsignal(signal.SIGINT)), repr(signal.getsignal(signal.SIGTERM)))
+    expected = (repr(signal.default_int_handler), repr(signal.SIG_DFL))
+    got = (seen["sigint"], seen["sigterm"], seen["blocked"])
+    assert got == (*expected, []), (here, log.read_text())
     assert seen["threads"] == 2
     assert "rank says hello ok" in ok.log_path.read_text()
 
