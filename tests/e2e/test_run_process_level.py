@@ -162,11 +162,24 @@ def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
     run_dir: Path, reference: Reference, tmp_path: Path
 ) -> None:
     # Slower steps: the spare agent the replacement pod takes starts once the job trains, and
-    # must be there by the time the node dies at step 25.
-    job = write_job(tmp_path / "job.yaml", job=RECOVER, replace={STEP_SLEEP: SLOW_STEP_SLEEP})
+    # must be there by the time the node dies at step 25. The containers are not named
+    # "ascend" and set the sunset Elastic Agent's variable: each is warned about, and the job
+    # runs as without them.
+    sunset = "              env:\n                - name: ELASTIC_PROCESS_RECOVER_ENABLE\n"
+    sunset += '                  value: "1"\n'
+    trainer = f"            - name: trainer\n{sunset}"
+    replace = {STEP_SLEEP: SLOW_STEP_SLEEP, "            - name: ascend\n": trainer}
+    job = write_job(tmp_path / "job.yaml", job=RECOVER, replace=replace)
     res = run_job(run_dir, "--chaos", FIXTURES / "kill-node.yaml", job=job)
     assert res.rc == 0, res.explain()
     assert_succeeded(res.stdout, "e2e-recover", run_dir, reference)
+    warned = [w for w in res.stderr.splitlines() if w.startswith(f"warning: {job}:")]
+    names = [w for w in warned if "no container is named 'ascend'" in w]
+    assert [w.split(": ")[2] for w in names] == [
+        f"spec.replicaSpecs.{kind}.template.spec.containers[0].name"
+        for kind in ("Master", "Worker")
+    ], res.explain()
+    assert any("Elastic Agent, which is sunset" in w for w in warned), res.explain()
 
     evs = events(run_dir)
     incident = the_incident(evs)
