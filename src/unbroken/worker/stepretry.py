@@ -21,7 +21,10 @@ every group of the job at once, in a round that every rank joins:
    ranks at different steps stop the round (the step fails, and the ladder takes it).
 4. *Rebuild.* Each group is made again over the store, in the order of the group names (the
    same on every rank, so no two ranks wait on each other's next group), then the checkpoint
-   group (``regroup``).
+   group (``regroup``). Every rank then says whether all its groups were made and waits for
+   every other's word (:func:`~unbroken.worker.opretry.agree`): one whose rebuild failed here
+   goes to the next attempt together with its peers, instead of waiting at the next meeting
+   alone while they wait out the group timeout in this one.
 5. *Issue again.* Per group, every kept collective from the lowest first-not-completed of its
    members on is issued again in its order, from the saved inputs: into its own tensors where
    it had not completed here, into scratch tensors where it had (its peers need this rank's
@@ -50,7 +53,6 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import Any
 
 import torch.distributed as dist
 
@@ -249,27 +251,21 @@ class StepRetry:
                 f"op retry of step {step} stopped: the ranks are at steps {steps} (a rank went "
                 "on before the round began); the recovery ladder takes the fault"
             )
+        timeout = timedelta(seconds=self.timeout_s)
         error: Exception | None = None
         try:
-            self._issue_again(store, prefix, groups, arrivals)
+            for group in groups:  # in name order on every rank: no two wait on each other
+                pg_store = torchapi.PrefixStore(f"{prefix}pg/{group.group_name}/", store)
+                group.rebuild(pg_store, timeout)
+            self._regroup()
         except OpRetryStopped:
             raise
         except Exception as e:
             error = e.with_traceback(None)
+        # Every rank rebuilds every group: they agree on whether all did before any issues
+        # again. (Not after issuing: a peer's issue may wait for this rank to go on with its
+        # step and issue a collective it had not reached when the link failed.)
         agree(here, error, 2 * self.timeout_s, check, self.poll_interval_s)
-
-    def _issue_again(
-        self,
-        store: torchapi.Store,
-        prefix: str,
-        groups: list[StepGroup],
-        arrivals: list[dict[str, Any]],
-    ) -> None:
-        """Rebuild every group and issue its kept collectives again (steps 4 and 5)."""
-        timeout = timedelta(seconds=self.timeout_s)
-        for group in groups:  # in name order on every rank: no two wait on each other
-            group.rebuild(torchapi.PrefixStore(f"{prefix}pg/{group.group_name}/", store), timeout)
-        self._regroup()
         issued = 0
         for group in groups:
             name = str(group.group_name)
