@@ -1,6 +1,7 @@
 """Faults that recur at the same place with no step committed in between: the job backs off
 and ends with the reason after ``no-progress-restarts`` of them, instead of restarting its
-ranks several times a second for ``max_restarts`` rounds while the ledger grows."""
+ranks several times a second for ``max_restarts`` rounds while the ledger grows; and
+``max_restarts`` itself bounds each pod's in-place restarts."""
 
 from __future__ import annotations
 
@@ -41,6 +42,29 @@ def test_script_that_raises_at_import_fails_the_job_with_the_reason(
     assert len(of_kind(evs, "FaultDetected")) <= 16, res.explain()
     assert any("backing off" in e.get("reason", "") for e in of_kind(evs, "DecisionMade"))
     assert (run_dir / "ledger.db").stat().st_size < 256 * 1024
+
+
+def test_in_pod_restarts_stop_at_max_restarts(tmp_path: Path, run_dir: Path) -> None:
+    """``--max_restarts=2`` on the launcher (the seed sets 32767 for process-level recovery):
+    each pod's ranks are restarted in place twice, then the job fails saying the restarts are
+    spent (no rescheduling for software faults: fault-retry-times is 0)."""
+    script = tmp_path / "broken_train.py"
+    script.write_text('raise RuntimeError("the dataset is missing")\n')
+    monitor = "                - --monitor_interval=1\n"
+    replace = {monitor: f"{monitor}                - --max_restarts=2\n"}
+    job = write_job(tmp_path / "job.yaml", replace=replace, script=script)
+    res = run_job(run_dir, job=job, timeout_s=120.0)
+    assert res.rc == 1, res.explain()
+    evs = events(run_dir)
+    (failed,) = of_kind(evs, "JobFailed")
+    assert (
+        "in-pod restarts spent on pod e2e-mlp-master-0, e2e-mlp-worker-0 (max_restarts 2)"
+        in (failed["reason"])
+    ), failed
+    restarts = [c for e in of_kind(evs, "DecisionMade") for c in e["commands"]]
+    for pod in ("e2e-mlp-master-0", "e2e-mlp-worker-0"):
+        assert sum(c.startswith(f"RestartProcesses(pod='{pod}'") for c in restarts) == 2, restarts
+    assert restarts[-1].startswith("FailJob("), restarts
 
 
 @pytest.fixture
