@@ -2,7 +2,8 @@
 (``from taskd.api.taskd_worker_api import ...``), and an Unbroken session
 (``tests/fixtures/e2e/train_taskd.py``), run through ``unbroken run``: the imports work unchanged,
 ``init_taskd_worker`` and ``start_taskd_worker`` return True on every rank (each rank runs under
-an Unbroken agent), the session trains to its end, and the run succeeds with the whole ladder
+an Unbroken agent), every rank finds the job's id in ``MINDX_TASK_ID`` as the operator
+injects it, the session trains to its end, and the run succeeds with the whole ladder
 (it never says that rungs are unavailable: the script has a session)."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def test_a_script_with_the_seeds_taskd_imports_and_a_session_succeeds(
         "world_size": 4,
         "start_step": 0,
         "taskd_worker": [[True, True]] * 4,
+        "mindx_task_id": ["e2e-mlp"] * 4,
     }, result
     evs = events(run_dir)
     assert of_kind(evs, "RungsUnavailable") == []
