@@ -112,7 +112,7 @@ def test_an_attempt_failed_by_one_rank_alone_is_retried_by_all_together(
     jobs: Callable[..., Job], tmp_path: Path, reference: str
 ) -> None:
     # Rank 1's first attempt fails before its new group's rendezvous, while the others wait in
-    # it (until the 2 s group timeout): every rank learns that the attempt failed, and all meet
+    # it (until the 4 s group timeout): every rank learns that the attempt failed, and all meet
     # again in the second, which succeeds. Rank 1 must not go on to the second attempt's
     # meeting alone and time out there while its peers still wait in the first.
     env = {
@@ -120,7 +120,7 @@ def test_an_attempt_failed_by_one_rank_alone_is_retried_by_all_together(
         "HCCL_OP_RETRY_PARAMS": "MaxCnt:3, HoldTime:0, IntervalTime:0",
         **link_fault(tmp_path, 2, LINK_AT),
     }
-    job = jobs(env, "--fail-retry-group", "1", "--comm-timeout", "2")
+    job = jobs(env, "--fail-retry-group", "1", "--comm-timeout", "4")
     ranks = job.start_all()
     job.expect_success()
     assert "injected: the new group's rendezvous failed here" in ranks[1].log(), job.logs()
