@@ -7,6 +7,7 @@ no step is trained twice and the final model is the fault-free one, bit for bit.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,15 @@ def test_a_link_fault_is_re_executed_by_op_retry_without_recovery(
     assert {(e["step"], e["level"]) for e in retried} == {(20, 1)}, retried
     assert not of_kind(evs, "FaultDetected") and not of_kind(evs, "DecisionMade")
     assert started_ranks(evs) == [0, 1, 2, 3]  # no process was started again
+    # HoldTime:1500: every rank waited 1.5 s before re-executing (a rebuild alone takes
+    # well under that here), as each rank's log says.
+    logs = sorted(run_dir.glob("pods/*/logs/rank*.log"))
+    after = [
+        float(m.group(1))
+        for log in logs
+        for m in re.finditer(r"re-executed \(op retry 1/3, L1\) ([0-9.]+) s after", log.read_text())
+    ]
+    assert len(after) == 4 and all(s >= 1.5 for s in after), after
 
 
 def test_a_link_fault_without_op_retry_is_retried_online(
