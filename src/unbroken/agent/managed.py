@@ -43,7 +43,13 @@ from unbroken.agent.children import reap_orphans
 from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
-from unbroken.agent.planes import PLANES_VAR, PlaneWatch, cut_plane, decode_planes
+from unbroken.agent.planes import (
+    PLANES_VAR,
+    START_PLANE_VAR,
+    PlaneWatch,
+    cut_plane,
+    decode_planes,
+)
 from unbroken.agent.ranks import (
     RankExit,
     RankProcess,
@@ -188,7 +194,8 @@ class ManagedAgent:
         planes = decode_planes(os.environ.get(PLANES_VAR, ""))
         self._ifnames = {p.name: p.ifname for p in planes}
         self._plane_watch = PlaneWatch(planes) if planes else None
-        self.plane = planes[0].name if planes else ""
+        start = os.environ.get(START_PLANE_VAR, "")
+        self.plane = start if start in self._ifnames else planes[0].name if planes else ""
 
     # ---- control plane ----------------------------------------------------------------
     def _send(self, report: Report) -> dict[str, Any]:

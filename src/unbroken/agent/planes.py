@@ -30,6 +30,9 @@ _NAME = re.compile(r"[a-z][a-z0-9-]{0,15}")
 _SYS_NET = Path("/sys/class/net")
 #: The environment variable that carries a host's planes to its pods' agents.
 PLANES_VAR = "UNBROKEN_PLANES"
+#: The plane a pod's agent starts its ranks on, when the control plane says (a job rescheduled
+#: while its first plane is down somewhere); else the host's first.
+START_PLANE_VAR = "UNBROKEN_START_PLANE"
 
 
 class PlaneError(ValueError):
@@ -142,6 +145,7 @@ def cut_plane(pids: Iterable[int], ifname: str) -> list[Connection]:
 
 __all__ = [
     "PLANES_VAR",
+    "START_PLANE_VAR",
     "Plane",
     "PlaneError",
     "PlaneWatch",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from unbroken.agent.image import Image, StoreKeeper
+from unbroken.agent.planes import START_PLANE_VAR
 from unbroken.ledger import PodPlaced, PodsStopped
 from unbroken.manager.context import Context
 from unbroken.manager.generations import Generations
@@ -154,6 +155,9 @@ class Engine:
         self.gens = generations
         self.secret = secret
         self.pod_starter = pod_starter
+        #: The plane a generation's agents, started anew, put their ranks on ("": the
+        #: host's first): the executor's link failover sets it (unbroken.manager.planes).
+        self.start_plane: Callable[[int], str] = lambda generation: ""
         self.store_opener = store_opener
         #: The pods of the job that have an agent, by name: changed only here.
         self.pods: dict[str, PodProcess] = {}
@@ -530,6 +534,9 @@ class Engine:
         layout = next(p for p in job.pods if p.name == pod)
         env = dict(os.environ)
         env.update(layout.env)
+        plane = self.start_plane(gen)
+        if plane:
+            env[START_PLANE_VAR] = plane
         env.update(
             {
                 "UNBROKEN_CONTROL": self.control_address,

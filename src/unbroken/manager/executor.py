@@ -119,6 +119,7 @@ class Executor:
             begin=self.rejoin_in_place,
             ranks=lambda: self.gens.ranks,
         )
+        engine.start_plane = self.planes.start_plane
 
     # ---- the policy -------------------------------------------------------------------
     def policy(self, event: PolicyEvent, now: float) -> None:

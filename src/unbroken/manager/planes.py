@@ -41,6 +41,7 @@ from unbroken.policy.planes import (
     PlaneTick,
     SwitchPlane,
     decide_plane,
+    start_plane,
 )
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class _Switch:
     reason: str
     paused_at: float
     generation: int | None = None
+    restarted: bool = False  # carried out by processes started anew (a rescheduling)
 
 
 class PlaneSwitcher:
@@ -164,6 +166,25 @@ class PlaneSwitcher:
         sw.generation = generation
         return sw.to
 
+    def start_plane(self, generation: int) -> str:
+        """The plane the agents of ``generation``, started anew (a rescheduled pod or job),
+        put their ranks on ("" without planes). A switch under way is carried out by them (it
+        ends when ``generation`` commits); otherwise the active plane, or, when it is down
+        somewhere and another is healthy, that one, which becomes the active plane (P12)."""
+        sw = self.switch
+        if sw is not None and sw.generation in (None, generation):
+            sw.generation, sw.restarted = generation, True
+            return sw.to
+        plane = start_plane(self.state)
+        if plane != self.state.active:
+            down = ", ".join(self.state.down_on(self.state.active)) or "a node"
+            self.console.line(
+                f"plane {self.state.active} is down on {down}: generation {generation} starts "
+                f"on plane {plane}"
+            )
+            self.state = replace(self.state, active=plane)
+        return plane
+
     def committed(self, generation: int, first_commit_at: float, step: int) -> None:
         """Generation ``generation`` committed its first step: a switch that began it is done."""
         sw = self.switch
@@ -185,10 +206,10 @@ class PlaneSwitcher:
             ),
             at=first_commit_at,
         )
+        how = "its processes started anew on it" if sw.restarted else "no process restarted"
         self.console.line(
             f"{'switchback' if back else 'failover'} to plane {sw.to} done: training stood "
-            f"still {pause_s:.2f} s, no process restarted; step {step} committed by "
-            f"generation {generation}"
+            f"still {pause_s:.2f} s, {how}; step {step} committed by generation {generation}"
         )
         self._feed(PlaneSwitched(to=sw.to, ok=True), first_commit_at)
 

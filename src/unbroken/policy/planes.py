@@ -54,6 +54,11 @@ Decision table (row ids are the unit tests')
   (as in P10) and ``SwitchPlane(planned=True)`` moves the job off it at a step boundary:
   nothing failed, no fault for the ladder. Otherwise no command (training goes on, slowly;
   the reason says why).
+- P12 :func:`start_plane`: processes started anew (a rescheduled pod or job) start on the
+  active plane while it is healthy; when it is down somewhere (or suspect) and another plane
+  is healthy, on the first such plane in preference order, which becomes the active one (a
+  plane down on a node would fail every new group that spans it); with none healthy, on the
+  active plane.
 """
 
 from __future__ import annotations
@@ -390,3 +395,10 @@ __all__ = [
     "SwitchPlane",
     "decide_plane",
 ]
+
+
+def start_plane(state: Planes) -> str:
+    """P12: the plane processes started anew put their collectives on ("" without planes)."""
+    if not state.names or state.healthy(state.active):
+        return state.active
+    return next((p for p in state.names if state.healthy(p)), state.active)

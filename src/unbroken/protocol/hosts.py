@@ -72,6 +72,7 @@ AGENT_VARS = frozenset(
         "UNBROKEN_COMMAND_TIMEOUT_S",
         "UNBROKEN_CHAOS",
         "UNBROKEN_CHAOS_DIR",
+        "UNBROKEN_START_PLANE",
     }
 )
 #: What only the host decides, whatever an order says: how its agent reaches the control plane

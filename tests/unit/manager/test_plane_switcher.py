@@ -145,3 +145,48 @@ def test_a_slow_active_plane_is_recorded_and_left_at_a_step_boundary(ledger: Led
     assert ex.calls == [("pause", 111.0)], "a slow plane is not cut, only left"
     assert sw.switch is not None and sw.switch.to == "b" and sw.switch.planned
     assert sw.state.suspect == frozenset({"a"})
+
+
+def test_a_switch_under_way_is_carried_out_by_a_generation_started_anew(ledger: Ledger) -> None:
+    """The job is rescheduled while a failover waits for its ranks: the new generation's
+    processes start on the plane switched to, and its first commit ends the switch."""
+    ex = Executor()
+    sw = _switcher(ledger, ex)
+    _up(sw, 100.0)
+    sw.reported("node-1", "a", False, 110.0, ("a", "b"))
+    assert ex.calls == [("cut", "a"), ("pause", 110.0)]
+    assert sw.start_plane(4) == "b" and sw.start_plane(4) == "b"  # every pod of generation 4
+    assert sw.rejoin_plane(5) == ""  # the switch is generation 4's
+    sw.committed(4, 112.0, 20)
+    assert sw.active == "b" and sw.switch is None
+    [rec] = _kinds(ledger, "PlaneFailover")
+    assert (rec["to"], rec["generation"], rec["pause_s"]) == ("b", 4, pytest.approx(2.0))
+
+
+def test_processes_started_anew_avoid_a_plane_down_somewhere(ledger: Ledger) -> None:
+    """Plane a goes down on node-1 while a recovery holds the ranks (no switch can begin):
+    the rescheduled generation starts on plane b, which becomes the active plane, and the
+    automatic switchback brings the job back once a is up again."""
+    ex = Executor()
+    out = io.StringIO()
+    sw = PlaneSwitcher(
+        PlaneConfig(enabled=True, hold_s=5.0),
+        ledger,
+        Console(out=out),
+        busy=lambda: ex.busy,
+        cut=lambda plane: ex.calls.append(("cut", plane)),
+        begin=lambda now: ex.calls.append(("pause", now)),
+    )
+    _up(sw, 100.0)
+    assert sw.start_plane(1) == "a"  # healthy: the active plane
+    ex.busy = True
+    sw.reported("node-1", "a", False, 110.0, ("a", "b"))
+    assert ex.calls == [] and sw.switch is None
+    assert sw.start_plane(2) == "b" and sw.active == "b"
+    assert "plane a is down on node-1: generation 2 starts on plane b" in out.getvalue()
+    ex.busy = False
+    sw.tick(111.0)
+    assert ex.calls == []  # b is active and healthy: nothing to do
+    sw.reported("node-1", "a", True, 120.0, ("a", "b"))
+    sw.tick(125.0)
+    assert ex.calls == [("pause", 125.0)] and sw.rejoin_plane(3) == "a"  # the switchback

@@ -19,6 +19,7 @@ from unbroken.policy.planes import (
     PlaneTick,
     SwitchPlane,
     decide_plane,
+    start_plane,
 )
 
 pytestmark = pytest.mark.unit
@@ -163,6 +164,20 @@ def test_p10_a_collective_failed_with_every_carrier_up_fails_over_and_suspects_t
     # Failover off, or a switch under way: the ladder's, nothing here.
     assert decide_plane(_all_up(), CollectiveFailed("r", 5.0), OFF).command is None
     assert decide_plane(d.state, CollectiveFailed("r", 5.5), ON).command is None
+
+
+def test_p12_processes_started_anew_start_on_a_healthy_plane() -> None:
+    state = _all_up(names=("a", "b", "c"))
+    assert start_plane(state) == "a"  # the active plane, healthy
+    state = _down(state, "n1", "a", 1.0)
+    assert start_plane(state) == "b"  # a is down on n1: the first healthy plane
+    state = _down(state, "n0", "b", 2.0)
+    assert start_plane(state) == "c"
+    state = _down(state, "n0", "c", 3.0)
+    assert start_plane(state) == "a"  # none healthy: the active one
+    suspect = decide_plane(_all_up(), CollectiveFailed("ranks 0-3", 1.0), ON).state
+    assert "a" in suspect.suspect and start_plane(suspect) == "b"
+    assert start_plane(Planes()) == ""  # no planes declared
 
 
 def test_every_row_of_the_docstring_has_a_test() -> None:
