@@ -5,6 +5,7 @@ ranks several times a second for ``max_restarts`` rounds while the ledger grows;
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,8 +47,8 @@ def test_script_that_raises_at_import_fails_the_job_with_the_reason(
 
 def test_in_pod_restarts_stop_at_max_restarts(tmp_path: Path, run_dir: Path) -> None:
     """``--max_restarts=2`` on the launcher (the seed sets 32767 for process-level recovery):
-    each pod's ranks are restarted in place twice, then the job fails saying the restarts are
-    spent (no rescheduling for software faults: fault-retry-times is 0)."""
+    a pod's ranks are restarted in place at most twice, and the job fails saying which pod's
+    restarts are spent (no rescheduling for software faults: fault-retry-times is 0)."""
     script = tmp_path / "broken_train.py"
     script.write_text('raise RuntimeError("the dataset is missing")\n')
     monitor = "                - --monitor_interval=1\n"
@@ -57,13 +58,16 @@ def test_in_pod_restarts_stop_at_max_restarts(tmp_path: Path, run_dir: Path) -> 
     assert res.rc == 1, res.explain()
     evs = events(run_dir)
     (failed,) = of_kind(evs, "JobFailed")
-    assert (
-        "in-pod restarts spent on pod e2e-mlp-master-0, e2e-mlp-worker-0 (max_restarts 2)"
-        in (failed["reason"])
-    ), failed
+    # Which pods are named depends on which faults came first: at least one, each spent.
+    spent = re.search(r"in-pod restarts spent on pod (.+) \(max_restarts 2\)", failed["reason"])
+    assert spent is not None, failed
     restarts = [c for e in of_kind(evs, "DecisionMade") for c in e["commands"]]
-    for pod in ("e2e-mlp-master-0", "e2e-mlp-worker-0"):
-        assert sum(c.startswith(f"RestartProcesses(pod='{pod}'") for c in restarts) == 2, restarts
+    counts = {
+        pod: sum(c.startswith(f"RestartProcesses(pod='{pod}'") for c in restarts)
+        for pod in ("e2e-mlp-master-0", "e2e-mlp-worker-0")
+    }
+    assert all(n <= 2 for n in counts.values()), restarts
+    assert all(counts[pod] == 2 for pod in spent.group(1).split(", ")), (spent, restarts)
     assert restarts[-1].startswith("FailJob("), restarts
 
 
