@@ -18,6 +18,7 @@ import grpc
 import pytest
 from tests.support.cli_runs import (
     JOB,
+    STEP_SLEEP,
     assert_no_processes_left,
     events,
     of_kind,
@@ -96,7 +97,10 @@ def test_a_live_run_is_on_loopback_private_and_its_own(tmp_path: Path, run_dir: 
     (run_dir / "control.tmp").symlink_to(victim)
     (run_dir / "control.json").symlink_to(victim)
 
-    bg = start_job(run_dir, tmp_path / "logs")
+    # Steps of 0.1 s: the run stays live through the checks below (at the e2e job's 0.02 s
+    # it could end before a loaded machine got to the second run).
+    job = write_job(tmp_path / "job.yaml", replace={STEP_SLEEP: "--step-sleep=0.1"})
+    bg = start_job(run_dir, tmp_path / "logs", job=job)
     try:
         wait_for(
             lambda: (
