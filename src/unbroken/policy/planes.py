@@ -2,11 +2,12 @@
 
 A host may reach its peers over two (or more) network planes, the seed's dual-plane parameter
 network. Each host declares its planes in order of preference (``unbroken launch --join ...
---plane a=IFNAME --plane b=IFNAME``); the first is the one a job starts on. A plane carries the
-ranks' collectives only (gloo's ``GLOO_SOCKET_IFNAME``): the control channel and the rendezvous
-store stay on the address the host joined by, so a plane going down never cuts a host off its
-control plane. The switch itself is a regroup in every rank's own process (the executor's
-rejoin): no process restarts, no step trained twice.
+--plane a=IFNAME --plane b=IFNAME``); the first is the one a job starts on (unless it is down
+somewhere when processes start anew: P12). A plane carries the ranks' collectives only (gloo's
+``GLOO_SOCKET_IFNAME``): the control channel and the rendezvous store stay on the address the
+host joined by, so a plane going down never cuts a host off its control plane. The switch
+itself is a regroup in every rank's own process (the executor's rejoin): no process restarts,
+no step trained twice.
 
 The job enables it with ``MS_ENABLE_TFT``'s ``TSP:1``, or for PyTorch with ``retry`` and
 ``HCCL_OP_RETRY_ENABLE`` on at ``L1`` (the seed's configuration). Planes are *healthy* when
