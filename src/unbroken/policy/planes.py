@@ -379,6 +379,13 @@ def _command(state: Planes, to: str, config: PlaneConfig) -> PlaneDecision:
     )
 
 
+def start_plane(state: Planes) -> str:
+    """P12: the plane processes started anew put their collectives on ("" without planes)."""
+    if not state.names or state.healthy(state.active):
+        return state.active
+    return next((p for p in state.names if state.healthy(p)), state.active)
+
+
 __all__ = [
     "SWITCHBACK_HOLD_S_DEFAULT",
     "CollectiveFailed",
@@ -395,11 +402,5 @@ __all__ = [
     "Planes",
     "SwitchPlane",
     "decide_plane",
+    "start_plane",
 ]
-
-
-def start_plane(state: Planes) -> str:
-    """P12: the plane processes started anew put their collectives on ("" without planes)."""
-    if not state.names or state.healthy(state.active):
-        return state.active
-    return next((p for p in state.names if state.healthy(p)), state.active)
