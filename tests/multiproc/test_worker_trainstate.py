@@ -185,17 +185,17 @@ def test_registered_state_and_data_position_are_in_the_checkpoint(tmp_path: Path
 
 
 def test_a_tensor_hash_is_reused_until_the_tensor_changes_in_place() -> None:
-    from unbroken.worker.digest import TensorHashes, tensor_sha256
+    from unbroken.worker.digest import TensorHashes, tensor_hash
 
     t = torch.arange(1000, dtype=torch.float32)
     with TensorHashes(threads=2) as hashes:
         hashes.submit([t])
         first = hashes(t)
-        assert first == tensor_sha256(t)
+        assert first == tensor_hash(t)
         t[3] = -1.0  # an in-place change advances the version counter: hashed again
-        assert hashes(t) == tensor_sha256(t) != first
+        assert hashes(t) == tensor_hash(t) != first
         # A view of other bytes of the same storage is another tensor.
-        assert hashes(t[:10]) == tensor_sha256(t[:10]) != hashes(t)
+        assert hashes(t[:10]) == tensor_hash(t[:10]) != hashes(t)
 
 
 def test_the_state_digest_is_the_same_hashed_ahead_or_on_the_spot_and_sees_one_bit() -> None:
@@ -214,3 +214,38 @@ def test_the_state_digest_is_the_same_hashed_ahead_or_on_the_spot_and_sees_one_b
     changed = state.digests(2)
     assert changed["optimizer"] != plain["optimizer"]
     assert changed["model"] == plain["model"]
+
+
+def test_a_tensor_hash_sees_one_flipped_bit_anywhere_and_names_its_kind() -> None:
+    from unbroken.worker.digest import TENSOR_HASH, tensor_hash
+
+    assert TENSOR_HASH == "xxh3-128"  # the dependency is installed; sha256 only without it
+    t = torch.randn(1 << 20)
+    base = tensor_hash(t)
+    raw = t.view(torch.uint8)
+    for at in (0, raw.numel() // 2, raw.numel() - 1):
+        raw[at] ^= 1
+        assert tensor_hash(t) != base, f"a bit flipped at byte {at} went unseen"
+        raw[at] ^= 1
+    assert tensor_hash(t) == base
+    # The same bytes as another dtype or shape are another tensor.
+    assert tensor_hash(t.view(torch.int32)) != base
+    assert tensor_hash(t.view(1024, 1024)) != base
+
+
+def test_faulting_in_a_buffer_keeps_what_was_written_there() -> None:
+    from unbroken.worker.replica import _FaultIn, _populate_write
+
+    written = torch.arange(1 << 21, dtype=torch.float32)
+    assert _populate_write(written)
+    assert torch.equal(written, torch.arange(1 << 21, dtype=torch.float32))
+    fresh = [torch.empty(1 << 20) for _ in range(4)]
+    fresh[0].fill_(7.0)
+    thread = _FaultIn(fresh)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert bool((fresh[0] == 7.0).all())
+    # An offset view: only the whole pages under it are touched, its bytes are kept.
+    view = written[3:-5]
+    assert _populate_write(view)
+    assert torch.equal(written, torch.arange(1 << 21, dtype=torch.float32))

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.checkpoint.optimizer import is_zero
 from unbroken.worker.data import Batches
-from unbroken.worker.digest import TensorHashes, tensor_sha256, tensors_in, update_digest
+from unbroken.worker.digest import TensorHashes, tensor_hash, tensors_in, update_digest
 from unbroken.worker.sharding import Sharding, sharding_of
 from unbroken.worker.statecodec import StateCodecError, decode, encode
 from unbroken.worker.zero import ReplicaOptimizer
@@ -183,20 +183,20 @@ class TrainState:
     def digests(self, committed: int, hashes: TensorHashes | None = None) -> dict[str, bytes]:
         """sha256 of each part: ``model``, ``optimizer``, each registered object, ``data``
         (the position, which every replica shares) and the committed steps. Each part is a
-        tree (:mod:`unbroken.worker.digest`): its structure with every tensor's own sha256,
+        tree (:mod:`unbroken.worker.digest`): its structure with every tensor's own hash,
         taken from ``hashes`` (hashed in the background, or as a repair received them)."""
-        tensor_hash = hashes if hashes is not None else tensor_sha256
+        hash_of = hashes if hashes is not None else tensor_hash
         model = hashlib.sha256()
         for key, value in sorted(self.module.state_dict().items()):
             model.update(key.encode())
-            update_digest(model, value, tensor_hash)
+            update_digest(model, value, hash_of)
         parts: dict[str, bytes] = {"model": model.digest()}
         optimizer = hashlib.sha256()
-        update_digest(optimizer, self._optimizer_part(), tensor_hash)
+        update_digest(optimizer, self._optimizer_part(), hash_of)
         parts["optimizer"] = optimizer.digest()
         for name, obj in self.objects.items():
             h = hashlib.sha256()
-            update_digest(h, obj.state_dict(), tensor_hash)
+            update_digest(h, obj.state_dict(), hash_of)
             parts[f"state[{name}]"] = h.digest()
         h = hashlib.sha256(f"committed:{committed}".encode())
         if self.data is not None:
