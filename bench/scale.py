@@ -75,6 +75,8 @@ class Result:
     mttr: list[float] = field(default_factory=list)
     place: list[float] = field(default_factory=list)
     orders_all: list[float] = field(default_factory=list)
+    orders_spread: list[float] = field(default_factory=list)
+    ready_after: list[float] = field(default_factory=list)
     pause_all: list[float] = field(default_factory=list)
     detect: list[float] = field(default_factory=list)
     hb_rate: float = 0.0
@@ -310,6 +312,11 @@ async def one_run(
             ]
             if firsts:
                 res.orders_all.append(max(firsts) - detected)
+                res.orders_spread.append(max(firsts) - min(firsts))
+            started = ledger_rows(db, ("ProcessesStarted",))
+            started = [r[0] for r in started if r[0] >= at]
+            if placed and started:
+                res.ready_after.append(max(started) - max(placed))
             # Under recover every agent is first told to pause its ranks at a step boundary.
             paused = [
                 min(a for a, o, _ in log if a >= at and o == "PauseRanks")
@@ -350,6 +357,8 @@ def table(results: list[Result]) -> str:
         ("place ms", lambda r: pct(r.place, 0.5)),
         ("pause orders to all ms", lambda r: pct(r.pause_all, 0.99)),
         ("orders to all ms", lambda r: pct(r.orders_all, 0.99)),
+        ("orders first to last ms", lambda r: pct(r.orders_spread, 0.99)),
+        ("replacement placed to started ms", lambda r: pct(r.ready_after, 0.5)),
         ("MTTR p50 ms", lambda r: pct(r.mttr, 0.5)),
         ("MTTR max ms", lambda r: max(r.mttr, default=float("nan"))),
         ("detect ms", lambda r: pct(r.detect, 0.5)),

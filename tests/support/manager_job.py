@@ -31,6 +31,7 @@ from unbroken.protocol.messages import (
     encode_report,
     method_of,
 )
+from unbroken.protocol.wire import loads
 from unbroken.scheduler import Binding
 from unbroken.spec.knobs import (
     FaultHandling,
@@ -85,7 +86,8 @@ class ScriptedAgent:
         q = self.m.commands.of(self.pod, self.pid)
         out = []
         while not q.empty():
-            out.append(decode_order(q.get_nowait()))
+            item = q.get_nowait()  # an order sent to many agents is in the wire's form
+            out.append(decode_order(loads(item) if isinstance(item, bytes) else item))
         return out
 
     def beat(self, phase: Phase, committed: int, **stamps: float) -> None:

@@ -52,7 +52,7 @@ from unbroken.protocol.messages import (
     encode_order,
 )
 from unbroken.rpc import ControlServer
-from unbroken.rpc.channel import Authorize
+from unbroken.rpc.channel import Authorize, Encoded, encoded
 from unbroken.rpc.tls import ADMIN, Credentials, node_of
 
 JsonObj = dict[str, Any]
@@ -140,15 +140,17 @@ class Mailbox:
     event loop (no thread waits)."""
 
     def __init__(self) -> None:
-        self._items: deque[JsonObj] = deque()
+        self._items: deque[JsonObj | Encoded] = deque()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
-    def put(self, item: JsonObj) -> None:
+    def put(self, item: JsonObj | Encoded) -> None:
         waiter = self.put_unwoken(item)
         if waiter is not None:
             waiter[0].call_soon_threadsafe(waiter[1].set)
 
-    def put_unwoken(self, item: JsonObj) -> tuple[asyncio.AbstractEventLoop, asyncio.Event] | None:
+    def put_unwoken(
+        self, item: JsonObj | Encoded
+    ) -> tuple[asyncio.AbstractEventLoop, asyncio.Event] | None:
         """Queue ``item`` without waking the stream; returns what wakes it (None: nothing
         waits), for the caller to wake many streams at once."""
         self._items.append(item)
@@ -157,10 +159,10 @@ class Mailbox:
     def empty(self) -> bool:
         return not self._items
 
-    def get_nowait(self) -> JsonObj:
+    def get_nowait(self) -> JsonObj | Encoded:
         return self._items.popleft()
 
-    async def get(self) -> JsonObj:
+    async def get(self) -> JsonObj | Encoded:
         # The waiter is set before the deque is looked at again: an item put in between is
         # either seen here or wakes the event.
         try:
@@ -196,7 +198,7 @@ class CommandQueues:
         """Send each ``(pod, pid, order)``: an order to every agent (a rejoin at 10k nodes)
         wakes their streams with one call onto the server's event loop, not one each, and an
         order the same for many agents is encoded once."""
-        encoded: dict[Order, JsonObj] = {}
+        done: dict[Order, Encoded] = {}
         with self._lock:
             boxes = [
                 (self._queues.setdefault((pod, pid), Mailbox()), order)
@@ -204,9 +206,9 @@ class CommandQueues:
             ]
         woken: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
         for box, order in boxes:
-            item = encoded.get(order)
+            item = done.get(order)
             if item is None:
-                item = encoded[order] = encode_order(order)
+                item = done[order] = encoded(encode_order(order))
             waiter = box.put_unwoken(item)
             if waiter is not None:
                 woken.setdefault(waiter[0], []).append(waiter[1])
@@ -447,7 +449,7 @@ def build_server(
 
         return handler
 
-    async def agent_commands(body: JsonObj) -> AsyncIterator[JsonObj]:
+    async def agent_commands(body: JsonObj) -> AsyncIterator[JsonObj | Encoded]:
         pod, pid = decode_subscription(body)
         who: JsonObj = {"pod": pod, "pid": pid}
         box = commands.of(pod, pid)

@@ -42,13 +42,19 @@ log = logging.getLogger(__name__)
 SERVICE = "unbroken.Control"
 _SECRET_KEY = "x-unbroken-secret"
 
+
+class Encoded(bytes):
+    """A message already in the wire's form (:func:`encoded`), sent as it is: an order the
+    same for thousands of agents is encoded once, not once per stream that carries it."""
+
+
 JsonObj = dict[str, Any]
 Unary = Callable[[JsonObj], JsonObj]
 #: A call answered on the server's event loop (it awaits; no thread waits with it).
 AsyncUnary = Callable[[JsonObj], Awaitable[JsonObj]]
 UnaryStream = Callable[[JsonObj, Callable[[], bool]], Iterator[JsonObj]]
 #: A stream that waits on the server's event loop (no thread while it waits).
-AsyncStream = Callable[[JsonObj], AsyncIterator[JsonObj]]
+AsyncStream = Callable[[JsonObj], AsyncIterator[JsonObj | Encoded]]
 #: Whether the peer that proved ``identity`` (its certificate's name; None without TLS) may make
 #: the call ``method`` with this body: None when it may, else the reason it may not.
 Authorize = Callable[[str, str | None, JsonObj], str | None]
@@ -121,7 +127,14 @@ class RpcError(RuntimeError):
     """A control-plane call failed; the message says which call, where, and why."""
 
 
-def _dumps(obj: JsonObj) -> bytes:
+def encoded(obj: JsonObj) -> Encoded:
+    """``obj`` in the wire's form, for a server's stream to send as it is."""
+    return Encoded(_dumps(obj))
+
+
+def _dumps(obj: JsonObj | Encoded) -> bytes:
+    if isinstance(obj, Encoded):
+        return bytes(obj)  # gRPC sends bytes itself, not a subclass of it
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
@@ -302,7 +315,7 @@ class ControlServer:
     def _wrap_async_stream(self, name: str, fn: AsyncStream) -> Callable[..., Any]:
         async def handle(
             raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[JsonObj]:
+        ) -> AsyncIterator[JsonObj | Encoded]:
             request = await self._request(name, raw, context)
             try:
                 async for item in fn(request):

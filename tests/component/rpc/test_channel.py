@@ -49,6 +49,27 @@ def test_calls_and_streams_with_the_secret() -> None:
         server.stop()
 
 
+def test_a_message_encoded_once_goes_out_on_every_stream_as_any_other() -> None:
+    from unbroken.rpc.channel import encoded
+
+    once = encoded({"op": "rejoin", "generation": 2})
+
+    async def orders(body: dict[str, Any]) -> Any:
+        yield once
+        yield {"op": "pause"}
+
+    server = ControlServer("s3cret", unary={}, async_streams={"Orders": orders})
+    server.start()
+    try:
+        client = ControlClient(server.address, "s3cret")
+        for _ in range(2):
+            got = list(client.stream("Orders", {}))
+            assert got == [{"op": "rejoin", "generation": 2}, {"op": "pause"}]
+        client.close()
+    finally:
+        server.stop()
+
+
 def test_a_wrong_secret_is_refused() -> None:
     server = _server()
     try:

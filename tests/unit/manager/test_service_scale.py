@@ -61,3 +61,19 @@ def test_an_order_put_from_another_thread_wakes_the_waiting_stream() -> None:
     assert box.empty()
     box.put({"n": 3})
     assert box.get_nowait() == {"n": 3}
+
+
+def test_an_order_sent_to_every_agent_is_encoded_once_and_read_back_as_sent() -> None:
+    from unbroken.manager.service import CommandQueues
+    from unbroken.protocol.messages import RejoinRanks, decode_order
+    from unbroken.protocol.wire import loads
+    from unbroken.rpc.channel import Encoded, _dumps
+
+    queues = CommandQueues()
+    order = RejoinRanks(generation=4, master_port=29500, source=3, step=17)
+    queues.send_all([(f"pod-{i}", 100 + i, order) for i in range(3)])
+    items = [queues.of(f"pod-{i}", 100 + i).get_nowait() for i in range(3)]
+    assert all(isinstance(item, Encoded) for item in items)
+    assert items[0] is items[1] is items[2]  # one encoding for all of them
+    assert _dumps(items[0]) == items[0]  # the stream sends it as it is
+    assert decode_order(loads(items[0])) == order
