@@ -4,6 +4,7 @@ receives, and that every rank ends with the source's state, checked by digest.""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,13 @@ def test_a_replacement_and_an_unflagged_diverged_rank_both_end_with_the_sources_
     assert result == {"receivers": [1, 2], "equal": [True, True, True], "step": 3}
     assert "repairing rank(s) 1 from rank 0 at step 3 (rank 1: 0 steps, replacement)" in logs
     assert "rank(s) 2 held state other than the replica source's at step 3" in logs, logs
+    # The replacement holds nothing of the source's (another seed, no optimizer state): every
+    # tensor goes. Rank 2 differs in one weight: that tensor alone goes in the second round.
+    sent = re.findall(r"sent (\d+) of (\d+) tensors .*they held the other (\d+) already", logs)
+    assert len(sent) == 2, logs
+    (first, second) = sent
+    assert first[0] == first[1] and first[2] == "0", first
+    assert second[0] == "1" and int(second[2]) == int(second[1]) - 1, second
     # What the receiver says it took, in the form bench/model_size.py reads.
     (took,) = [line for line in logs.splitlines() if REPAIR.match(line)]
     assert " replica rank 1 took " in took and " of step 3 from rank 0: " in took

@@ -175,6 +175,13 @@ class TensorHashes:
                 else:
                     self._known[key] = (tensor, self._pool.submit(tensor_hash, tensor))
 
+    def forget(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Drop what is known of ``tensors``: they are about to be written in a way their
+        version counter does not see (a collective receiving into them)."""
+        with self._lock:
+            for tensor in tensors:
+                self._known.pop(self._key(tensor), None)
+
     def __call__(self, tensor: torch.Tensor) -> bytes:
         """The tensor's hash: the background result, or hashed now."""
         with self._lock:

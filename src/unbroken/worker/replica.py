@@ -17,10 +17,16 @@ The protocol runs over a freshly built process group, on every rank of it:
    model's tensor names, dtypes and shapes, the optimizer's per-parameter state and
    hyperparameter groups, the registered objects' state dicts, the data position
    (:mod:`unbroken.worker.statecodec`: tensors by reference, scalars inline) and the committed
-   step count. Then it broadcasts every tensor in the description's order, all queued at once.
-   Nothing is pickled. Receivers check the description against their own model and optimizer
-   before anything is written, receive model tensors in place and hash each tensor as it
-   arrives, then load the optimizer state and the registered objects with
+   step count, and each tensor's hash (:func:`unbroken.worker.digest.tensor_hash`). A receiver
+   hashes what it holds at the same places (its model; on a rank that was alive, its optimizer
+   state, registered objects and data position too) and the group all-reduces which tensors
+   some receiver lacks: only those travel (a replacement's model, which its DDP constructor
+   took from rank 0, and a suspect rank's untouched tensors stay). The source broadcasts them
+   in the description's order, all queued at once. Nothing is pickled. Receivers check the
+   description against their own model and optimizer before anything is written, receive in
+   place what they hold and into new buffers what they do not (their pages faulted in ahead of
+   the bytes on a thread of their own), hash each tensor as it arrives, then load the
+   optimizer state and the registered objects with
    ``load_state_dict`` (a fresh process has no optimizer state yet: the description says what
    to allocate). A replacement process takes the data position; a rank that was alive rewinds
    its own (:mod:`unbroken.worker.data`).
@@ -67,7 +73,7 @@ from unbroken.worker.zero import ZeroReplicaError, complete_update, repair_parti
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
 _SUSPECT = 1  # flag: an update failed midway or memory was corrupted on this rank
 _FRESH = 2  # flag: a replacement process that has no training state of its own
 #: flag: ZeRO's update of the last step ran on this rank (its partition and replica) but the
@@ -376,7 +382,7 @@ def _transfer(
     )
     try:
         if rank == source:
-            return committed, _send(state, committed, source, group)
+            return committed, _send(state, committed, source, group, hashes)
         return _receive(state, source, group, fresh=fresh, hashes=hashes)
     finally:
         dist.destroy_process_group(group)
@@ -496,26 +502,73 @@ class Moved:
     data_s: float
 
 
-def _send(state: TrainState, committed: int, source: int, group: dist.ProcessGroup) -> Moved:
+def _send(
+    state: TrainState,
+    committed: int,
+    source: int,
+    group: dist.ProcessGroup,
+    hashes: TensorHashes,
+) -> Moved:
     description, tensors = describe(state, committed)
     began = time.perf_counter()
+    hashes.submit(tensors)
+    description["hashes"] = [hashes(t).hex() for t in tensors]
     payload = torch.frombuffer(bytearray(json.dumps(description).encode()), dtype=torch.uint8)
     header = torch.tensor([FORMAT, payload.numel()], dtype=torch.int64)
     dist.broadcast(header, src=source, group=group)
     dist.broadcast(payload, src=source, group=group)
+    need = _needed(torch.zeros(len(tensors), dtype=torch.int32), group)
+    moving = [t for t, n in zip(tensors, need, strict=True) if n]
     # Every tensor's broadcast is queued at once: the next one's handshake overlaps this one.
-    works = [dist.broadcast(t, src=source, group=group, async_op=True) for t in tensors]
+    works = [dist.broadcast(t, src=source, group=group, async_op=True) for t in moving]
     for work in works:
         if work is not None:
             work.wait()
-    moved = Moved(sum(t.numel() * t.element_size() for t in tensors), time.perf_counter() - began)
+    moved = Moved(sum(t.numel() * t.element_size() for t in moving), time.perf_counter() - began)
     logger.info(
-        "sent %d tensors (%.1f MB) of step %d to the repaired ranks",
+        "sent %d of %d tensors (%.1f MB) of step %d to the repaired ranks; they held the "
+        "other %d already",
+        len(moving),
         len(tensors),
         moved.nbytes / 1e6,
         committed,
+        len(tensors) - len(moving),
     )
     return moved
+
+
+def _needed(need: torch.Tensor, group: dist.ProcessGroup) -> list[bool]:
+    """Which tensors go over the wire: those some receiver does not hold equal to the
+    source's (collective over the transfer's group; the source offers zeros)."""
+    dist.all_reduce(need, op=dist.ReduceOp.MAX, group=group)
+    return [bool(n) for n in need.tolist()]
+
+
+def _paths(description: Mapping[str, Any]) -> dict[tuple[Any, ...], int]:
+    """Each tensor of a description by where it sits (an optimizer state's parameter and
+    key, a registered object's entry, the data position's), the model's left out."""
+    out: dict[tuple[Any, ...], int] = {}
+
+    def walk(value: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, (*path, i))
+        elif isinstance(value, dict):
+            if "t" in value:
+                out[path] = int(value["t"])
+            elif "tuple" in value:
+                walk(value["tuple"], (*path, "tuple"))
+            elif "dict" in value:
+                for key, item in value["dict"]:
+                    walk(item, (*path, key))
+
+    optimizer = description.get("optimizer") or {}
+    for item in optimizer.get("state", []):
+        walk(item.get("values"), ("optimizer", item.get("param")))
+    walk(optimizer.get("param_groups"), ("groups",))
+    walk(description.get("objects"), ("objects",))
+    walk(description.get("data"), ("data",))
+    return out
 
 
 def _check_model(
@@ -630,30 +683,39 @@ def _receive(
             f"{sent_sizes}, this rank's "
             f"{[len(g['params']) for g in own_groups]}"
         )
-    # Model tensors are received in place; optimizer tensors into fresh buffers.
-    targets: list[torch.Tensor | None] = [None] * len(table)
-    for entry in description["model"]:
-        tensor = own[str(entry["name"])]
-        if tensor.is_contiguous():
-            targets[int(entry["tensor"])] = tensor
+    targets = _targets(state, description, own, fresh)
+    # What this rank holds equal to the source's stays: a replacement's model (its DDP
+    # constructor broadcast rank 0's), a suspect rank's untouched tensors.
+    sent_hashes = description.get("hashes")
+    if not isinstance(sent_hashes, list) or len(sent_hashes) != len(table):
+        raise ReplicaError("the replica's description has no hash for each tensor")
+    hashes.submit(t for t in targets if t is not None)
+    held = [
+        t is not None and hashes(t).hex() == str(h)
+        for t, h in zip(targets, sent_hashes, strict=True)
+    ]
+    need = _needed(torch.tensor([0 if h else 1 for h in held], dtype=torch.int32), group)
+    # Received in place where this rank holds the tensor, else into new buffers.
     tensors = [
         target
         if target is not None
         else torch.empty(spec["shape"], dtype=_dtype(str(spec["dtype"])))
         for target, spec in zip(targets, table, strict=True)
     ]
+    moving = [t for t, n in zip(tensors, need, strict=True) if n]
+    hashes.forget(moving)  # a collective's writes bypass the version counter
     # Queued at once, waited in order; each tensor is hashed (for the check after the repair)
     # while the next ones arrive, and the new buffers' pages are faulted in ahead of them.
     fault_in = _FaultIn(
         [
             t
-            for t, target in zip(tensors, targets, strict=True)
-            if target is None and t.device.type == "cpu"
+            for t, target, n in zip(tensors, targets, need, strict=True)
+            if n and target is None and t.device.type == "cpu"
         ]
     )
-    works = [dist.broadcast(t, src=source, group=group, async_op=True) for t in tensors]
+    works = [dist.broadcast(t, src=source, group=group, async_op=True) for t in moving]
     try:
-        for work, tensor in zip(works, tensors, strict=True):
+        for work, tensor in zip(works, moving, strict=True):
             if work is not None:
                 work.wait()
             hashes.submit([tensor])
@@ -694,4 +756,36 @@ def _receive(
                 state.data.load(decode(sent, tensors))
     except (StateCodecError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ReplicaError(f"the replica's state cannot be loaded here: {e}") from e
-    return committed, Moved(sum(t.numel() * t.element_size() for t in tensors), data_s)
+    return committed, Moved(sum(t.numel() * t.element_size() for t in moving), data_s)
+
+
+def _targets(
+    state: TrainState,
+    description: Mapping[str, Any],
+    own: Mapping[str, torch.Tensor],
+    fresh: bool,
+) -> list[torch.Tensor | None]:
+    """This rank's own tensor for each of the description's, where it holds one of the same
+    dtype and shape at the same place: the model's (received in place), and, on a rank that
+    was alive, its optimizer state's, its registered objects' and its data position's."""
+    table: list[dict[str, Any]] = description["tensors"]
+    targets: list[torch.Tensor | None] = [None] * len(table)
+    for entry in description["model"]:
+        tensor = own[str(entry["name"])]
+        if tensor.is_contiguous():
+            targets[int(entry["tensor"])] = tensor
+    if fresh:
+        return targets
+    try:
+        mine, tensors = describe(state, 0)
+    except ReplicaError:
+        return targets  # its own state cannot be described: every other tensor is sent
+    held = _paths(mine)
+    for path, index in _paths(description).items():
+        j = held.get(path)
+        if j is None or targets[index] is not None or not 0 <= index < len(table):
+            continue
+        spec, tensor = table[index], tensors[j]
+        if str(tensor.dtype) == spec["dtype"] and list(tensor.shape) == spec["shape"]:
+            targets[index] = tensor
+    return targets
