@@ -201,6 +201,32 @@ HEAD = (
 )
 
 
+def hash_rates(nbytes: int = 256 << 20) -> str:
+    """One core's rate through each tensor's hash (:mod:`unbroken.worker.digest`) and through
+    sha256, the best of three passes over ``nbytes`` of random floats."""
+    import hashlib
+
+    import torch
+
+    from unbroken.worker.digest import TENSOR_HASH, tensor_hash
+
+    t = torch.randn(nbytes // 4)
+    raw = t.view(torch.uint8).numpy().data
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+        return nbytes / min(times) / 1e9
+
+    return (
+        f"one core hashes {TENSOR_HASH} at {best(lambda: tensor_hash(t)):.1f} GB/s, "
+        f"sha256 at {best(lambda: hashlib.sha256(raw).digest()):.1f} GB/s"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10M,50M,100M", help=f"of {', '.join(SIZES)}")
@@ -223,6 +249,8 @@ def main() -> None:
         f"batch {args.batch}, agreement every {args.agree_every} steps; load {load0:.1f}",
         flush=True,
     )
+    rates = hash_rates()
+    print(rates, flush=True)
     rows = []
     for name in args.sizes.split(","):
         width, layers = SIZES[name]
@@ -234,7 +262,7 @@ def main() -> None:
         + "\n"
         + "\n".join(rows)
         + f"\n\nLoad average {load0:.1f} before, {os.getloadavg()[0]:.1f} after; "
-        f"{os.cpu_count()} CPUs, world {args.world}."
+        f"{os.cpu_count()} CPUs, world {args.world}; {rates}."
     )
     print("\n" + text)
     if args.markdown is not None:
