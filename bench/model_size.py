@@ -264,29 +264,22 @@ def table(sizes: Sequence[SizeResult], load: tuple[float, float]) -> str:
 
 
 def svg(sizes: Sequence[SizeResult]) -> str:
-    from unbroken.report.svg import PALETTE, Series, line_chart
+    from svgplot import series, standalone
 
-    series = []
-    for i, key in enumerate(CONFIG_KEYS):
-        points = tuple((s.state_gb, m) for s in sizes if (m := _median(_mttrs(s, key))) is not None)
-        series.append(Series(f"{LABELS[key]} MTTR (s)", points, PALETTE[i]))
-    chart = line_chart(
-        series,
+    lines = series(
+        [
+            (
+                f"{LABELS[key]} MTTR (s)",
+                [(s.state_gb, m) for s in sizes if (m := _median(_mttrs(s, key))) is not None],
+            )
+            for key in CONFIG_KEYS
+        ]
+    )
+    return standalone(
+        lines,
         css_class="model-size",
         x_label="training state per rank (GB: fp32 parameters and AdamW moments)",
         y_label="MTTR (s)",
-        width=720,
-        height=320,
-    )
-    key = "".join(
-        f'<text x="{80 + 220 * i}" y="14" font-size="12" fill="{s.color}">{s.name}</text>'
-        for i, s in enumerate(series)
-    )
-    inner = chart.removeprefix(chart[: chart.index(">") + 1]).removesuffix("</svg>")
-    return (
-        '<svg xmlns="http://www.w3.org/2000/svg" width="720" height="340" '
-        'viewBox="0 0 720 340" font-family="sans-serif"><rect width="720" height="340" '
-        f'fill="white"/>{key}<g transform="translate(0,20)">{inner}</g></svg>\n'
     )
 
 

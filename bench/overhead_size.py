@@ -193,6 +193,31 @@ def row(name: str, params: int, r: dict[str, Any], agree_every: int) -> str:
     )
 
 
+def svg(measured: list[tuple[int, dict[str, Any]]], agree_every: int) -> str:
+    """Each part's share of the plain step against the model's size, and the 1 % aimed at."""
+    from svgplot import series, standalone
+
+    def share(of: Any) -> list[tuple[float, float]]:
+        return [(p / 1e6, of(r) / statistics.median(r["plain_s"]) * 100) for p, r in measured]
+
+    lines = series(
+        [
+            ("hooks, heartbeat, mailbox (%)", share(lambda r: r["session_s"])),
+            ("snapshot and data tape (%)", share(lambda r: r["snapshot_s"] + r["tape_s"])),
+            ("agreement check (%)", share(lambda r: r["check_s"] / agree_every)),
+            ("the aim (1 %)", [(p / 1e6, 1.0) for p, _ in measured]),
+        ]
+    )
+    return standalone(
+        lines,
+        css_class="overhead-size",
+        x_label="parameters (millions; AdamW, fp32, world 2)",
+        y_label="% of the plain step",
+        width=900,
+        key_step=210,
+    )
+
+
 HEAD = (
     "| model | plain step (median) | Unbroken's step less the plain one: median (share), "
     "quartiles | hooks, heartbeat, mailbox (per step) | step snapshot | data tape | these "
@@ -235,6 +260,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--agree-every", type=int, default=100)
     p.add_argument("--markdown", type=Path, default=None, help="the README's table")
+    p.add_argument("--svg", type=Path, default=None, help="each part's share of the step (a file)")
     p.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--layers", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
@@ -251,10 +277,11 @@ def main() -> None:
     )
     rates = hash_rates()
     print(rates, flush=True)
-    rows = []
+    rows, measured = [], []
     for name in args.sizes.split(","):
         width, layers = SIZES[name]
         r = measure(args, width, layers)
+        measured.append((params_of(width, layers), r))
         rows.append(row(name, params_of(width, layers), r, args.agree_every))
         print(rows[-1], flush=True)
     text = (
@@ -267,6 +294,8 @@ def main() -> None:
     print("\n" + text)
     if args.markdown is not None:
         args.markdown.write_text(text + "\n")
+    if args.svg is not None:
+        args.svg.write_text(svg(measured, args.agree_every))
 
 
 if __name__ == "__main__":

@@ -423,6 +423,31 @@ async def run_all(
     return results
 
 
+def svg(results: list[Result]) -> str:
+    """MTTR (p50, max) and the rejoin's delivery against the job's nodes."""
+    from svgplot import series, standalone
+
+    def line(of: Any) -> list[tuple[float, float]]:
+        return [(r.n, v) for r in results if not math.isnan(v := of(r))]
+
+    lines = series(
+        [
+            ("MTTR p50 (s)", line(lambda r: pct(r.mttr, 0.5))),
+            ("MTTR max (s)", line(lambda r: max(r.mttr, default=math.nan))),
+            ("every agent has its orders (s)", line(lambda r: pct(r.orders_all, 0.99))),
+            ("rejoin first to last (s)", line(lambda r: pct(r.orders_spread, 0.99))),
+        ]
+    )
+    return standalone(
+        lines,
+        css_class="scale",
+        x_label="nodes of 8 ranks (recover: a node lost, its pod moved to a spare)",
+        y_label="seconds",
+        width=900,
+        key_step=200,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     global RACK
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -444,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         help="recover: a lost node's pod moves to a spare and every other rank rejoins in "
         "process (pod-level rescheduling below it); reschedule: pod-level rescheduling only",
     )
+    ap.add_argument("--svg", type=Path, help="MTTR and the rejoin's delivery against N (a file)")
     a = ap.parse_args(argv)
     try:
         ns = [int(x) for x in a.nodes.split(",")]
@@ -454,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(run_all(ns, a.faults, a.window, a.gap, a.channels, a.keep, a.strategy))
     print(table(results))
     print(f"load: {Path('/proc/loadavg').read_text().strip()} ({os.cpu_count()} cores)")
+    if a.svg is not None:
+        a.svg.write_text(svg(results))
     return 0 if all(r.outcome == "ok" for r in results) else 1
 
 

@@ -19,7 +19,7 @@ The protocol runs over a freshly built process group, on every rank of it:
    (:mod:`unbroken.worker.statecodec`: tensors by reference, scalars inline) and the committed
    step count, and each tensor's hash (:func:`unbroken.worker.digest.tensor_hash`). A receiver
    hashes what it holds at the same places (its model; on a rank that was alive, its optimizer
-   state, registered objects and data position too) and the group all-reduces which tensors
+   state and registered objects too) and the group all-reduces which tensors
    some receiver lacks: only those travel (a replacement's model, which its DDP constructor
    took from rank 0, and a suspect rank's untouched tensors stay). The source broadcasts them
    in the description's order, all queued at once. Nothing is pickled. Receivers check the
@@ -398,8 +398,11 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
-def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """The JSON description of this rank's state and the tensors it references, in order."""
+def describe(
+    state: TrainState, committed: int, *, data: bool = True
+) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """The JSON description of this rank's state and the tensors it references, in order
+    (``data=False``: without the data position, which only the committed step's is known)."""
     tensors: list[torch.Tensor] = []
     model_entries = []
     for name, tensor in _local_state_dict(state.module).items():
@@ -419,9 +422,9 @@ def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[to
             "param_groups": [encode(g, tensors, "optimizer group") for g in sd["param_groups"]],
         }
         objects = state.encode_objects(tensors)
-        data = (
+        position = (
             encode(state.data.position(committed), tensors, "data position")
-            if state.data is not None
+            if state.data is not None and data
             else None
         )
     except StateCodecError as e:
@@ -434,7 +437,7 @@ def describe(state: TrainState, committed: int) -> tuple[dict[str, Any], list[to
         "model": model_entries,
         "optimizer": optimizer,
         "objects": objects,
-        "data": data,
+        "data": position,
         "tensors": table,
     }
     return description, tensors
@@ -767,7 +770,8 @@ def _targets(
 ) -> list[torch.Tensor | None]:
     """This rank's own tensor for each of the description's, where it holds one of the same
     dtype and shape at the same place: the model's (received in place), and, on a rank that
-    was alive, its optimizer state's, its registered objects' and its data position's."""
+    was alive, its optimizer state's and its registered objects' (the data position is small
+    and is always sent)."""
     table: list[dict[str, Any]] = description["tensors"]
     targets: list[torch.Tensor | None] = [None] * len(table)
     for entry in description["model"]:
@@ -777,7 +781,7 @@ def _targets(
     if fresh:
         return targets
     try:
-        mine, tensors = describe(state, 0)
+        mine, tensors = describe(state, 0, data=False)
     except ReplicaError:
         return targets  # its own state cannot be described: every other tensor is sent
     held = _paths(mine)
