@@ -15,7 +15,7 @@ A tensor's own hash is XXH3-128 (:data:`TENSOR_HASH`) where the ``xxhash`` packa
 installed, sha256 otherwise. Every byte of the state is hashed by each replica at every
 agreement check, and during a repair beside the transfer, on the same CPUs: XXH3 takes about
 20 GB/s a core here, sha256 1.8 (with the CPU's SHA extensions; ``bench/overhead_size.py``
-prints both), BLAKE3 4. The hash guards
+prints both). The hash guards
 against faults (a flipped bit, a replica that drifted, a transfer cut short), where a 128-bit
 hash's chance of missing a difference is 2^-128; it is not a defence against a rank that crafts
 collisions, which, being in the job, holds the state itself. The trees over these hashes are

@@ -67,7 +67,7 @@ from torch.distributed.tensor import DTensor
 
 from unbroken.worker.digest import TensorHashes, hash_threads
 from unbroken.worker.sharding import Layout, Sharding
-from unbroken.worker.statecodec import StateCodecError, decode, encode
+from unbroken.worker.statecodec import StateCodecError, decode, encode, tensor_paths
 from unbroken.worker.trainstate import TrainState
 from unbroken.worker.zero import ZeroReplicaError, complete_update, repair_partitions
 
@@ -548,29 +548,15 @@ def _needed(need: torch.Tensor, group: dist.ProcessGroup) -> list[bool]:
 
 
 def _paths(description: Mapping[str, Any]) -> dict[tuple[Any, ...], int]:
-    """Each tensor of a description by where it sits (an optimizer state's parameter and
-    key, a registered object's entry, the data position's), the model's left out."""
-    out: dict[tuple[Any, ...], int] = {}
-
-    def walk(value: Any, path: tuple[Any, ...]) -> None:
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                walk(item, (*path, i))
-        elif isinstance(value, dict):
-            if "t" in value:
-                out[path] = int(value["t"])
-            elif "tuple" in value:
-                walk(value["tuple"], (*path, "tuple"))
-            elif "dict" in value:
-                for key, item in value["dict"]:
-                    walk(item, (*path, key))
-
+    """Each tensor of a description by where it sits (an optimizer state's parameter and key,
+    a hyperparameter group's entry, a registered object's entry), the model's and the data
+    position's left out."""
     optimizer = description.get("optimizer") or {}
+    out: dict[tuple[Any, ...], int] = {}
     for item in optimizer.get("state", []):
-        walk(item.get("values"), ("optimizer", item.get("param")))
-    walk(optimizer.get("param_groups"), ("groups",))
-    walk(description.get("objects"), ("objects",))
-    walk(description.get("data"), ("data",))
+        out.update(tensor_paths(item.get("values"), ("optimizer", item.get("param"))))
+    out.update(tensor_paths(optimizer.get("param_groups"), ("groups",)))
+    out.update(tensor_paths(description.get("objects"), ("objects",)))
     return out
 
 

@@ -100,3 +100,21 @@ def unpack(packed: dict[str, torch.Tensor]) -> Any:
     except KeyError as e:
         raise StateCodecError(f"packed state misses tensor {e}") from None
     return decode(from_tensor(packed["json"]), tensors)
+
+
+def tensor_paths(value: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
+    """Where each tensor of an :func:`encode`-d value sits (``path`` and the keys and indices
+    down to it) and its index in the tensor list."""
+    out: dict[tuple[Any, ...], int] = {}
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            out.update(tensor_paths(item, (*path, i)))
+    elif isinstance(value, dict):
+        if "t" in value:
+            out[path] = int(value["t"])
+        elif "tuple" in value:
+            out.update(tensor_paths(value["tuple"], (*path, "tuple")))
+        elif "dict" in value:
+            for key, item in value["dict"]:
+                out.update(tensor_paths(item, (*path, key)))
+    return out
