@@ -208,6 +208,14 @@ def check_ddp_register_buffer_hook(rank: int) -> None:
     assert model.seen.tolist() == [float(rank)] * 2  # in place of DDP's own broadcast
 
 
+def check_ddp_syncs_buffers(rank: int) -> None:
+    with_buffer = _model()
+    with_buffer.register_buffer("seen", torch.zeros(2))
+    assert torchapi.ddp_syncs_buffers(DistributedDataParallel(with_buffer))  # the default
+    quiet = DistributedDataParallel(_model(), broadcast_buffers=False)
+    assert not torchapi.ddp_syncs_buffers(quiet)
+
+
 def check_verify_params_across_processes(rank: int) -> None:
     group = dist.group.WORLD
     assert isinstance(group, dist.ProcessGroup)
@@ -518,6 +526,10 @@ def test_ddp_delays_all_reduce(outcomes: dict[str, list[str]]) -> None:
 
 def test_ddp_register_buffer_hook(outcomes: dict[str, list[str]]) -> None:
     _assert_ok(outcomes, "ddp_register_buffer_hook")
+
+
+def test_ddp_syncs_buffers(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "ddp_syncs_buffers")
 
 
 def test_verify_params_across_processes(outcomes: dict[str, list[str]]) -> None:

@@ -214,8 +214,7 @@ class Checkpointer:
             )
             if rank == 0:
                 assert isinstance(metadata, Metadata)
-                files = {info.relative_path for info in metadata.storage_data.values()}
-                files.add(".metadata")
+                files = _saved_files(metadata, pending.path)
                 write_manifest(
                     pending.path,
                     step=pending.step,
@@ -326,8 +325,7 @@ class Checkpointer:
             if shared:
                 state[_SHARED] = dict(shared)
             metadata = dcp_save(state, checkpoint_id=tmp, no_dist=True)
-            files = {info.relative_path for info in metadata.storage_data.values()}
-            files.add(".metadata")
+            files = _saved_files(metadata, str(tmp))
             write_manifest(
                 tmp, step=step, world_size=world_size, files=files, created_at=time.time()
             )
@@ -420,3 +418,15 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the save in flight (raises :class:`CheckpointError` if it failed)."""
         self.wait()
+
+
+def _saved_files(metadata: Metadata, path: str) -> set[str]:
+    """The files a finished ``dcp.save`` wrote into ``path``: those its metadata names (torch
+    2.13 fills ``storage_data``), or, where the returned metadata leaves it out (torch 2.11 and
+    2.12), the data files the directory holds once every rank's write is committed."""
+    if metadata.storage_data:
+        files = {info.relative_path for info in metadata.storage_data.values()}
+    else:
+        files = {name for name in os.listdir(path) if name.endswith(".distcp")}
+    files.add(".metadata")
+    return files

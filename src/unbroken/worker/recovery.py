@@ -126,6 +126,7 @@ from unbroken.worker.torchapi import (
     PrefixStore,
     broadcast_coalesced,
     ddp_parameters,
+    ddp_syncs_buffers,
     set_group_timeout,
     unbind_default_group_arguments,
     verify_params_across_processes,
@@ -697,7 +698,7 @@ class Recovery:
         ignore = self.ddp.parameters_to_ignore
         module = self.ddp.module
         copies = [p.detach().clone() for name, p in module.named_parameters() if name not in ignore]
-        if self.ddp.forward_sync_buffers:  # then DDP's constructor broadcast the buffers too
+        if ddp_syncs_buffers(self.ddp):  # then DDP's constructor broadcast the buffers too
             copies += [b.detach().clone() for n, b in module.named_buffers() if n not in ignore]
         if copies:
             broadcast_coalesced(group, copies, self.ddp.broadcast_bucket_size)

@@ -37,6 +37,7 @@ __all__ = [
     "ddp_delays_all_reduce",
     "ddp_parameters",
     "ddp_register_buffer_hook",
+    "ddp_syncs_buffers",
     "ddp_use_process_group",
     "default_store",
     "device_backends",
@@ -234,6 +235,19 @@ def ddp_delays_all_reduce(ddp: DistributedDataParallel) -> bool:
     return bool(getattr(ddp, "_delay_all_reduce_all_params", False))
 
 
+def ddp_syncs_buffers(ddp: DistributedDataParallel) -> bool:
+    """Whether DDP broadcasts the module's buffers from rank 0 before each forward (and so
+    also broadcast them in its constructor).
+
+    ``forward_sync_buffers`` from torch 2.13 (which renamed ``broadcast_buffers``), the
+    attribute ``broadcast_buffers`` before it (2.11, 2.12). Public: both are constructor
+    arguments, read back from the instance."""
+    value = getattr(ddp, "forward_sync_buffers", None)
+    if value is None:
+        value = ddp.broadcast_buffers
+    return bool(value)
+
+
 def ddp_register_buffer_hook(
     ddp: DistributedDataParallel,
     state: Any,
@@ -289,15 +303,21 @@ def wrap_sharding_propagation(wrap: Callable[[Callable[[Any], Any]], Callable[[A
     costs a fresh process its first sharded step). False: this torch has no such function.
 
     ``DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding_non_cached``, called
-    through the instance by both the C++ fast path's miss and the Python cache; checked against
-    torch 2.13. Public replacement: none."""
+    through the instance by the C++ fast path's miss, and its per-thread cache
+    ``propagate_op_sharding`` (a ``LocalLRUCache`` made around the bound method at
+    construction, which torch 2.11 calls first) made anew around the wrapped one; checked
+    against torch 2.11 and 2.13. Public replacement: none."""
     from torch.distributed.tensor import DTensor
 
     propagator: Any = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
     inner = getattr(propagator, "propagate_op_sharding_non_cached", None)
     if propagator is None or inner is None:
         return False
-    propagator.propagate_op_sharding_non_cached = wrap(inner)
+    wrapped = wrap(inner)
+    propagator.propagate_op_sharding_non_cached = wrapped
+    cache = getattr(propagator, "propagate_op_sharding", None)
+    if cache is not None and hasattr(cache, "cache"):  # LocalLRUCache(user_function)
+        propagator.propagate_op_sharding = type(cache)(wrapped)
     return True
 
 
