@@ -82,6 +82,11 @@ class InjectionTarget(Protocol):
     @property
     def sim_dir(self) -> Path: ...
 
+    @property
+    def device_provider(self) -> str:
+        """Where the run reads device health: ``sim`` reads what is injected here."""
+        ...
+
     def rank_targets(self) -> Mapping[int, RankTarget]: ...
 
     def pod_names(self) -> Sequence[str]: ...
@@ -214,6 +219,12 @@ class Injector:
         per_node = self.t.devices_per_node
         if device is None or not 0 <= device < per_node:
             raise ValueError(f"device {device!r} does not exist on {node} (0-{per_node - 1})")
+        if kind is InjectKind.DEVICE and self.t.device_provider != "sim":
+            raise ValueError(
+                f"this run reads device health from {self.t.device_provider} "
+                f"(devicePlugin.provider: {self.t.device_provider}); an injected device code "
+                "would never be read: inject device faults into a run whose provider is sim"
+            )
         if clear:
             clear_device_fault(self.t.sim_dir, node, device)
             return f"device {device} of {node} healthy again"

@@ -420,7 +420,7 @@ class Checkpointer:
         self.wait()
 
 
-def _saved_files(metadata: Metadata, path: str) -> set[str]:
+def _saved_files(metadata: Metadata, path: str | os.PathLike[str]) -> set[str]:
     """The files a finished ``dcp.save`` wrote into ``path``: those its metadata names (torch
     2.13 fills ``storage_data``), or, where the returned metadata leaves it out (torch 2.11 and
     2.12), the data files the directory holds once every rank's write is committed."""

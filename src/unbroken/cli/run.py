@@ -254,6 +254,7 @@ def _run_in(
         auto_stowing=cluster.auto_stowing,
         code_table=args.codes,
         offline_reset=cluster.hot_reset is HotReset.OFFLINE,
+        device_provider=cluster.device_plugin.provider,
     )
     opts = ManagerOptions(
         agent_timeout_s=args.agent_timeout,

@@ -114,6 +114,13 @@ def run(
         inputs.nodes,
         inputs.chaos,
     )
+    if cluster.device_plugin.provider == "nvml":
+        where = f"{cluster.source}: " if cluster.source is not None else ""
+        return fail(
+            f"{where}devicePlugin.provider: nvml reads the GPUs of the machine it runs on, and "
+            f"the nodes of `unbroken {prog}` are other hosts, whose agents do not report their "
+            "GPUs' health; use provider sim here, or nvml with `unbroken run`"
+        )
     try:
         listen = _listen(args.listen)
     except ValueError as exc:

@@ -89,6 +89,7 @@ class DeviceWatcher:
         self._clock = clock
         self._monitor = DeviceMonitor()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: Exception | None = None
 
@@ -111,9 +112,14 @@ class DeviceWatcher:
         self._thread = threading.Thread(target=self._run, name="device-watcher", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Poll now rather than at the end of the period (a provider's event arrived)."""
+        self._wake.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop polling and wait for the thread (at most ``timeout_s``)."""
         self._stop.set()
+        self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -136,7 +142,8 @@ class DeviceWatcher:
             except Exception as exc:
                 self._fail(exc)
                 return
-            self._stop.wait(self._period_s)
+            self._wake.wait(self._period_s)
+            self._wake.clear()
 
     def _fail(self, exc: Exception) -> None:
         self._error = exc

@@ -83,6 +83,8 @@ class CodeInfo:
     kind: FaultKind = FaultKind.DEVICE
     what: str = ""
     escalation: Escalation | None = None  # None: the table's default rule, where it applies
+    action: str = ""  # the vendor's recommended action (NVIDIA's catalog bucket: RESET_GPU...)
+    source: str = ""  # where the code's meaning comes from
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,18 @@ class CodeTable:
             level = worst(level, FaultLevel.RESTART_BUSINESS)
         return level
 
+    def judge(self, code: str) -> tuple[int, bool]:
+        """What a health provider needs of a device code: its level's severity, and whether the
+        device stays in service at that level (nothing to reset, isolate or keep work from)."""
+        level = self.level_for(self.kind_for(code), code)
+        in_service = level in (
+            FaultLevel.NOT_HANDLE,
+            FaultLevel.SUB_HEALTH,
+            FaultLevel.RESTART_REQUEST,
+            FaultLevel.RESTART_BUSINESS,
+        )
+        return level.severity, in_service
+
     def escalation_for(self, code: str) -> Escalation | None:
         """The escalation rule that applies to ``code``, or None when it never escalates."""
         if not code:
@@ -185,7 +199,9 @@ def _parse_parts(text: str, source: str) -> _Parts:
 
 
 def _code_info(node: yaml.Node, source: str, code: str) -> CodeInfo:
-    fields = _mapping(node, source, f"code {code}", {"level", "kind", "what", "escalate"})
+    fields = _mapping(
+        node, source, f"code {code}", {"level", "kind", "what", "escalate", "action", "source"}
+    )
     if "level" not in fields:
         _fail(source, node, f"code {code}", "a mapping with a 'level' key")
     kind = FaultKind.DEVICE
@@ -200,6 +216,8 @@ def _code_info(node: yaml.Node, source: str, code: str) -> CodeInfo:
         kind=kind,
         what=_scalar(fields["what"]) if "what" in fields else "",
         escalation=_escalation(fields["escalate"], source) if "escalate" in fields else None,
+        action=_scalar(fields["action"]) if "action" in fields else "",
+        source=_scalar(fields["source"]) if "source" in fields else "",
     )
 
 

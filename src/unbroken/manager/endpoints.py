@@ -12,7 +12,8 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from unbroken.devices import DeviceWatcher, SimProvider
+from unbroken.devices import DeviceStateError, DeviceWatcher, HealthProvider, SimProvider
+from unbroken.devices.nvml import NvmlProvider, load_nvml, slots_on_gpus
 from unbroken.ledger import Ledger
 from unbroken.manager.context import Context
 from unbroken.manager.engine import Engine, ManagerError
@@ -68,6 +69,7 @@ class Endpoints:
         self.server: ControlServer | None = None
         self.web: WebEndpoint | None = None
         self.watcher: DeviceWatcher | None = None
+        self.nvml: NvmlProvider | None = None
 
     def open(self, secret: str, engine: Engine) -> str:
         """Open them all, the server where the engine listens (its joined hosts' registry
@@ -103,16 +105,35 @@ class Endpoints:
             job_id=ctx.job.job_id,
         )
         cl = ctx.cluster
-        provider = SimProvider(ctx.sim_dir, {n: cl.devices_per_node for n in cl.nodes})
+        provider: HealthProvider
+        if cl.device_provider == "nvml":
+            try:
+                nvml = load_nvml()
+                gpus = nvml.nvmlDeviceGetCount()
+                slots = slots_on_gpus(cl.nodes, cl.devices_per_node, gpus)
+                self.nvml = NvmlProvider(slots, ctx.codes.judge, nvml)
+            except (DeviceStateError, ValueError) as exc:
+                raise ManagerError(f"devicePlugin.provider nvml: {exc}") from None
+            provider = self.nvml
+            ctx.console.line(
+                f"device health: NVML, {gpus} GPU(s) under {len(cl.nodes)} node(s) x "
+                f"{cl.devices_per_node} device(s)"
+            )
+        else:
+            provider = SimProvider(ctx.sim_dir, {n: cl.devices_per_node for n in cl.nodes})
         self.watcher = DeviceWatcher(
             provider,
             cl.list_watch_period_s,
             lambda ev: self.inbox.put(Inbound("Device", {"event": ev})),
         )
         self.watcher.start()
+        if self.nvml is not None:
+            self.nvml.listen(self.watcher.wake)
         return address
 
     def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
         if self.watcher is not None:
             self.watcher.stop()
         if self.server is not None:

@@ -89,6 +89,9 @@ class ClusterLayout:
     #: for ``reset_s``) before it is used again.
     offline_reset: bool = False
     reset_s: float = RESET_S_DEFAULT
+    #: Where device health comes from: ``sim`` or ``nvml`` (this machine's GPUs, laid under the
+    #: nodes' device slots by :func:`unbroken.devices.nvml.slots_on_gpus`).
+    device_provider: str = "sim"
 
 
 @dataclass(frozen=True)

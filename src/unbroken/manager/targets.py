@@ -46,6 +46,10 @@ class JobTarget:
     def sim_dir(self) -> Path:
         return self.ctx.sim_dir
 
+    @property
+    def device_provider(self) -> str:
+        return self.ctx.cluster.device_provider
+
     def rank_targets(self) -> Mapping[int, RankTarget]:
         pod_of = self.ctx.job.pod_of_rank
         return {

@@ -73,6 +73,9 @@ class DevicePlugin:
     hot_reset: HotReset = HotReset.OFF
     list_watch_period_s: float = LIST_WATCH_PERIOD_S_DEFAULT
     auto_stowing: bool = True
+    #: Where device health comes from: ``sim`` (faults injected by hand, the embedded cluster's
+    #: default) or ``nvml`` (this machine's NVIDIA GPUs, :mod:`unbroken.devices.nvml`).
+    provider: str = "sim"
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,7 @@ def _device_plugin(
                 else:
                     problems.error(item.line, item.path, "expected a string")
         return _from_args(texts, block.path, problems)
-    allowed_keys = ("hotReset", "listWatchPeriod", "autoStowing")
+    allowed_keys = ("hotReset", "listWatchPeriod", "autoStowing", "provider")
     lines: dict[str, int] = {}
     for key, child in block.items.items():
         lines[key] = child.line
@@ -322,8 +325,37 @@ def _device_plugin(
         hot_reset=hot if hot is not None else HotReset.OFF,
         list_watch_period_s=float(period) if period is not None else LIST_WATCH_PERIOD_S_DEFAULT,
         auto_stowing=stowing if stowing is not None else True,
+        provider=_provider(block.get("provider"), problems),
     )
     return plugin, lines
+
+
+PROVIDERS = ("sim", "nvml")
+
+
+def _provider(node: YamlNode | None, problems: Problems) -> str:
+    """``provider``: ``sim`` or ``nvml``; ``nvml`` only where NVML answers on this machine (a
+    device watch that cannot read the devices is refused here, not found blind mid-run)."""
+    if node is None:
+        return "sim"
+    value = node.value if isinstance(node, Scalar) else None
+    if value not in PROVIDERS:
+        problems.error(
+            node.line,
+            node.path,
+            "unknown device health provider",
+            value=value,
+            allowed=", ".join(PROVIDERS),
+        )
+        return "sim"
+    if value == "nvml":
+        from unbroken.spec.nvmlcheck import NvmlUnavailable, load_nvml
+
+        try:
+            load_nvml()
+        except NvmlUnavailable as exc:
+            problems.error(node.line, node.path, str(exc), value=value)
+    return str(value)
 
 
 def _hot_reset(node: YamlNode | None, problems: Problems) -> HotReset | None:

@@ -252,7 +252,7 @@ def test_empty_override_changes_nothing(tmp_path: Path, shipped: CodeTable) -> N
         ),
         (
             "codes:\n  80E01801: {levle: SeparateNPU}\n",
-            ":2: key in code 80E01801: 'levle' is not valid; expected one of escalate, kind,",
+            ":2: key in code 80E01801: 'levle' is not valid; expected one of action, escalate,",
         ),
         (
             "codes:\n  80E01801: {what: no level}\n",
@@ -323,3 +323,32 @@ def test_hostile_override_is_one_line(tmp_path: Path, data: bytes, message: str)
         CodeTable.load(path)
     (line,) = str(caught.value).splitlines()
     assert line.startswith(str(path)) and message in line, line
+
+
+def test_every_nvidia_row_says_its_action_and_source_and_its_level_carries_the_action() -> None:
+    """NVIDIA's immediate action -> the seed's level that carries it out (codes.yaml's rule)."""
+    carries = {
+        "RESTART_APP": {FaultLevel.RESTART_BUSINESS},
+        "RESET_GPU": {FaultLevel.RESTART_NPU, FaultLevel.FREE_RESTART_NPU, FaultLevel.SEPARATE_NPU},
+        "WORKFLOW_XID_48": {FaultLevel.RESTART_NPU},
+        "WORKFLOW_NVLINK_ERR": {FaultLevel.RESTART_NPU, FaultLevel.SUB_HEALTH},
+        "WORKFLOW_NVLINK5_ERR": {FaultLevel.RESTART_NPU},
+        "RESTART_BM": {FaultLevel.SEPARATE_NPU},
+        "RESTART_VM": {FaultLevel.SEPARATE_NPU},
+        "IGNORE": {
+            FaultLevel.NOT_HANDLE,
+            FaultLevel.SUB_HEALTH,
+            FaultLevel.FREE_RESTART_NPU,
+            FaultLevel.PRE_SEPARATE_NPU,
+        },
+        "WORKFLOW_XID_45": {FaultLevel.NOT_HANDLE},
+        "XID_154": {FaultLevel.NOT_HANDLE},
+        "CHECK_MECHANICALS": {FaultLevel.SUB_HEALTH},
+        "CHECK_THERMALS": {FaultLevel.SUB_HEALTH},
+    }
+    table = CodeTable.load()
+    nvidia = {c: i for c, i in table.codes.items() if c.startswith(("XID-", "GPU-"))}
+    assert len([c for c in nvidia if c.startswith("XID-")]) >= 40
+    for code, info in nvidia.items():
+        assert info.source in ("NVIDIA Xid catalog", "NVML"), code
+        assert info.level in carries[info.action], (code, info.action, info.level)

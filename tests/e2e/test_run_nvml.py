@@ -1,0 +1,104 @@
+"""``unbroken run`` reading GPU health through NVML (``devicePlugin.provider: nvml``), on a
+machine with no GPU: a scripted NVML (tests/support/fakenvml) stands in for the driver, with one
+GPU per device slot. The job is 2 pods x 2 ranks of examples/train_mlp.py on gloo with
+``recover``, one spare node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from tests.support.cli_runs import (
+    FIXTURES,
+    REPO,
+    STEP_SLEEP,
+    Reference,
+    digest,
+    events,
+    of_kind,
+    start_job,
+    status,
+    unbroken,
+    wait_for,
+    write_job,
+)
+
+pytestmark = pytest.mark.e2e
+
+FAKE_NVML = REPO / "tests" / "support" / "fakenvml"
+
+
+def write_state(path: Path, **state: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+@pytest.fixture
+def nvml_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Six healthy GPUs, one per device slot of the three nodes, seen by every process the
+    test starts."""
+    path = tmp_path / "nvml.json"
+    write_state(path, gpus=6)
+    monkeypatch.setenv("FAKE_NVML_STATE", str(path))
+    monkeypatch.setenv("PYTHONPATH", str(FAKE_NVML))
+    return path
+
+
+def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
+    run_dir: Path, fault_free: Reference, tmp_path: Path, nvml_state: Path
+) -> None:
+    """Once the job has committed step 5, GPU 3 (device 1 of node-1: rank 3's) reports Xid 79.
+    The event is seen at once (not at the next poll), the level is SeparateNPU: the device is
+    isolated, the pod moves to the spare node (``recover``), and the job ends with the
+    fault-free model."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=FIXTURES / "process-recover.yaml",
+        replace={STEP_SLEEP: "--step-sleep=0.2"},
+    )
+    running = start_job(
+        run_dir, tmp_path / "logs", "--cluster", FIXTURES / "cluster-nvml.yaml", job=job
+    )
+    try:
+
+        def at_step(step: int) -> bool:
+            assert running.proc.poll() is None, "the job ended first: " + str(running.output())
+            now = status(run_dir)
+            return now is not None and int(now.get("step") or 0) >= step
+
+        wait_for(lambda: at_step(5), "step 5", 120.0)
+        refused = unbroken(
+            "inject", "device", "--node", "node-1", "--device", "1", "--code", "XID-79",
+            "--run", run_dir,
+        )  # fmt: skip
+        assert refused.rc != 0 and "would never be read" in refused.stderr, refused.explain()
+        write_state(nvml_state, gpus=6, xids=[{"gpu": 3, "xid": 79}])
+        done = running.wait()
+    finally:
+        running.stop()
+    assert done.rc == 0, done.explain()
+    assert "device health: NVML, 6 GPU(s) under 3 node(s) x 2 device(s)" in done.stdout
+    assert "job e2e-recover: SUCCEEDED" in done.stdout, done.explain()
+    assert digest(run_dir) == fault_free.digest, "the recovered model differs from the fault-free"
+    evs = events(run_dir)
+    (fault,) = of_kind(evs, "FaultDetected")
+    assert (fault["code"], fault["level"], fault["nodes"]) == ("XID-79", "SeparateNPU", ["node-1"])
+    # Seen from the event, not the next poll (every 3 s): the event's time to the ledger's.
+    assert fault["at"] - fault["occurred_at"] < 1.0, fault
+    isolated = [(e["node"], e["device"]) for e in of_kind(evs, "DeviceIsolated")]
+    assert isolated == [("node-1", 1)], isolated
+    (decision,) = of_kind(evs, "DecisionMade", fault_id=fault["fault_id"])
+    assert decision["strategy"] == "recover", decision
+    assert of_kind(evs, "RecoveryCompleted", fault_id=fault["fault_id"])
+
+
+def test_validate_refuses_nvml_where_nvml_cannot_start(tmp_path: Path) -> None:
+    """No NVML on this machine (no driver: the binding cannot find its library)."""
+    res = unbroken("validate", FIXTURES / "job.yaml", "--cluster", FIXTURES / "cluster-nvml.yaml")
+    assert res.rc != 0, res.explain()
+    line = (res.stderr or res.stdout).strip().splitlines()
+    assert any("cluster-nvml.yaml:6" in x and "devicePlugin.provider" in x for x in line), line
