@@ -158,6 +158,30 @@ def test_rank_that_raised_is_recovered_in_place_from_a_replica(
     assert_only_replaced_ranks_restarted(evs, run_dir, replaced=[1])
 
 
+def test_a_sticky_device_error_replaces_the_rank_s_process_in_place(
+    run_dir: Path, reference: Reference
+) -> None:
+    """CUDA error 710 (a device-side assert) in rank 2: the fault is its code, read from the
+    exception object and rated by the code table (RestartBusiness: the device is fine, the
+    process is not), and ``recover-in-place`` gives the rank a new process."""
+    res = run_job(run_dir, "--chaos", FIXTURES / "device-assert-rank.yaml", job=IN_PLACE)
+    assert res.rc == 0, res.explain()
+    assert_succeeded(res.stdout, "e2e-inplace", run_dir, reference)
+    evs = events(run_dir)
+    incident = the_incident(evs)
+    fault = incident[0]
+    assert (fault["code"], fault["level"], fault["source"]) == (
+        "CUDA-710",
+        "RestartBusiness",
+        "device",
+    ), fault
+    assert fault["ranks"] == [2], fault
+    decision = incident[1]
+    assert decision["strategy"] == "recover-in-place", decision
+    assert decision["commands"] == [f"RestartInPlace(pod='{IN_PLACE_WORKER}', ranks=(2,))"]
+    assert_only_replaced_ranks_restarted(evs, run_dir, replaced=[2])
+
+
 def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
     run_dir: Path, reference: Reference, tmp_path: Path
 ) -> None:

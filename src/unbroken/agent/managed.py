@@ -589,6 +589,7 @@ class ManagedAgent:
                     peer_failure=ex.peer_failure,
                     committed=snap.committed if snap is not None and snap.pid == ex.pid else None,
                     exception=ex.exception,
+                    device_code=ex.device_code,
                 )
             )
 
@@ -600,7 +601,10 @@ class ManagedAgent:
         report = read_exit_report(self._readers[ex.rank].path, ex.pid)
         if report is not None:
             return dataclasses.replace(
-                ex, reported_failure=report.failure, exception=report.exception
+                ex,
+                reported_failure=report.failure,
+                exception=report.exception,
+                device_code=report.device_code,
             )
         stopped = snap is not None and snap.pid == ex.pid and snap.failed_step >= 0
         if ex.ended_after_failure and snap is not None and stopped:

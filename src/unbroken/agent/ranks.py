@@ -68,6 +68,7 @@ class RankExit:
     #: of the step it was stopped in): None when it said nothing.
     reported_failure: StepFailure | None = None
     exception: str = ""  # the class of the exception that ended it, as the rank reported it
+    device_code: str = ""  # the device error code it carried (``CUDA-710``), as reported
 
     @property
     def peer_failure(self) -> bool:

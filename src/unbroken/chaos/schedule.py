@@ -4,6 +4,7 @@
 faults:
   - {kind: kill, rank: 3, at_step: 110}         # SIGKILL rank 3 right after it commits step 110
   - {kind: exception, rank: 1, at_step: 40}     # a Python exception inside rank 1's step 40
+  - {kind: exception, rank: 2, code: CUDA-710, at_step: 50}  # a device-side assert (sticky)
   - {kind: hang, rank: 2, after_s: 12}          # SIGSTOP rank 2, 12 s after the job started
   - {kind: memory, rank: 0, at_step: 70}        # a device memory error corrupts rank 0's state
   - {kind: link, rank: 1, at_step: 30}          # the kernel resets rank 1's links to its peers
@@ -31,6 +32,7 @@ line ``file:line: faults[i].field: problem``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -82,6 +84,9 @@ class ChaosFault:
         return {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in self.__dict__.items()}
 
 
+#: The code of a device error a rank raises (``kind: exception``): a ``cudaError_t``, raised as
+#: ``torch.AcceleratorError`` with that ``error_code``.
+_CUDA_CODE = re.compile(r"CUDA-[0-9]{1,4}")
 _RANK_KINDS = (
     InjectKind.KILL,
     InjectKind.EXCEPTION,
@@ -267,6 +272,10 @@ def _one(
         raise _Bad("", "kind device: give 'code' (a fault) or 'clear: true' (healthy), not both")
     if kind is InjectKind.DEVICE and (device is None or (code is None and not clear)):
         raise _Bad("", "kind device: 'device' and 'code' are required")
+    if code is not None and kind is InjectKind.EXCEPTION and not _CUDA_CODE.fullmatch(code):
+        raise _Bad("code", f"{code!r}: an exception's code is a CUDA error code (CUDA-710)")
+    if code is not None and kind in _RANK_KINDS and kind is not InjectKind.EXCEPTION:
+        raise _Bad("code", f"kind {kind}: code is for device, sdc and exception entries")
     if kind is InjectKind.SDC and device is None:
         raise _Bad("", "kind sdc: 'device' is required")
     if kind is InjectKind.STRESS_TEST and (rank, pod, node, device) != (None, None, None, None):

@@ -6,7 +6,8 @@ Every fault the job manager hands to the policy is built here, from a typed repo
 
 - a rank exit (:class:`RankExited`): killed by a signal (``process-exit``, ``signal:NAME``),
   raised an exception (``exception``, the exception's class name: ``ReplicasDiverged`` when the
-  replicas' agreement check failed), or exited with a status (``process-exit``, ``exit:N``);
+  replicas' agreement check failed), a device error (its code, ``CUDA-710``, of the kind and
+  level the code table gives it), or exited with a status (``process-exit``, ``exit:N``);
 - a step failure of a live rank (:class:`RankFailed`): the rank's heartbeat says which
   (:class:`~unbroken.protocol.kinds.StepFailure`); a device memory error is retryable, a failed
   update is an exception;
@@ -70,6 +71,8 @@ def exit_fault(report: RankExited, where: Where, codes: CodeTable) -> Fault:
     sig = report.signal
     if sig:
         kind, code = FaultKind.PROCESS_EXIT, f"signal:{sig}"
+    elif report.device_code:  # a device error ended it: the code table's row says how bad
+        kind, code = codes.kind_for(report.device_code), report.device_code
     elif report.exception:  # the rank said which exception ended it
         kind, code = FaultKind.EXCEPTION, report.exception
     elif "Traceback (most recent call last)" in tb:  # a script without the worker API

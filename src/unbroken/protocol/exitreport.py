@@ -60,6 +60,7 @@ class ExitReport:
     exception: str
     message: str = ""
     failure: StepFailure = StepFailure.NONE
+    device_code: str = ""  # the device error code the exception carried (``CUDA-710``)
 
 
 def exit_report_path(heartbeat_path: Path | str) -> Path:
@@ -76,6 +77,7 @@ def write_exit_report(heartbeat_path: Path | str, report: ExitReport) -> None:
         "exception": report.exception,
         "message": report.message[:2000],
         "failure": int(report.failure),
+        "device_code": report.device_code,
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(body))
@@ -100,6 +102,7 @@ def read_exit_report(heartbeat_path: Path | str, pid: int) -> ExitReport | None:
             exception=exception,
             message=optional_text(body, "message", what, _MAX_BYTES),
             failure=StepFailure(integer(body, "failure", what, 0, 1 << 16, default=0)),
+            device_code=optional_text(body, "device_code", what, 32),
         )
     except (OSError, ValueError):  # ProtocolError, and a failure code StepFailure lacks
         return None

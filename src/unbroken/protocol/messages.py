@@ -160,7 +160,9 @@ class RankExited:
     ``ended_after_failure``); ``peer_failure``: it failed because a collective did (a peer went
     away: an echo); ``exception``: the class of the exception that ended it, as the rank
     reported it (:mod:`unbroken.protocol.exitreport`; "" when it reported none);
-    ``committed``: the steps its last heartbeat record counted."""
+    ``committed``: the steps its last heartbeat record counted; ``device_code``: the device
+    error code the exception carried (``CUDA-710``: :func:`unbroken.worker.failure.device_code`),
+    "" when none."""
 
     rank: int
     pid: int
@@ -172,6 +174,7 @@ class RankExited:
     peer_failure: bool = False
     committed: int | None = None
     exception: str = ""
+    device_code: str = ""
 
 
 @dataclass(frozen=True)
@@ -458,6 +461,7 @@ def _event(body: Mapping[str, Any], what: str) -> Event:
                 peer_failure=flag(body, "peer_failure", what, default=False),
                 committed=optional_integer(body, "committed", what, 0, STEP_MAX),
                 exception=optional_text(body, "exception", what),
+                device_code=optional_text(body, "device_code", what),
             )
         case "rank-failed":
             failure = _FAILURES.get(text(body, "failure", what))

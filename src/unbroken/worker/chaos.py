@@ -3,7 +3,10 @@
 The job manager hands each rank its entries in ``UNBROKEN_CHAOS`` (JSON) and a directory in
 ``UNBROKEN_CHAOS_DIR``. Before the rank starts step index ``at_step`` (that is, right after it
 committed ``at_step`` steps) the entry fires: ``kill`` sends SIGKILL to the process itself,
-``hang`` SIGSTOP, ``exception`` raises :class:`InjectedFault` from the training loop, and
+``hang`` SIGSTOP, ``exception`` raises :class:`InjectedFault` from the training loop (with
+``code: CUDA-<n>``, ``torch.AcceleratorError`` carrying that ``cudaError_t`` as its
+``error_code``, as the CUDA runtime raises a device error: ``CUDA-710`` a device-side assert),
+and
 ``memory`` simulates an uncorrectable device memory error (the seed's HBM UCE): a parameter of
 this rank is corrupted and the step fails with :class:`DeviceMemoryError` before the rank
 shares a gradient, so its state must be repaired from a replica; ``link`` has the kernel reset
@@ -54,6 +57,7 @@ class _Entry:
     index: int
     kind: str
     at_step: int
+    code: str | None = None
 
 
 class RankChaos:
@@ -71,7 +75,7 @@ class RankChaos:
         entries: tuple[_Entry, ...] = ()
         if text and where:
             entries = tuple(
-                _Entry(int(e["index"]), str(e["kind"]), int(e["at_step"]))
+                _Entry(int(e["index"]), str(e["kind"]), int(e["at_step"]), e.get("code"))
                 for e in json.loads(text)
                 if e.get("rank") == rank and e.get("at_step") is not None
             )
@@ -102,6 +106,8 @@ class RankChaos:
             os.kill(os.getpid(), signal.SIGKILL)
         elif entry.kind == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif entry.kind == "exception" and entry.code:
+            raise _device_error(entry.code, f"rank {self.rank} before step {step}")
         elif entry.kind == "exception":
             raise InjectedFault(f"injected exception in rank {self.rank} before step {step}")
         elif entry.kind == "link":
@@ -148,6 +154,20 @@ def _memory_error(
     if fail_step is None:
         raise error
     fail_step(error)
+
+
+def _device_error(code: str, where: str) -> BaseException:
+    """The error the CUDA runtime's ``code`` (``CUDA-710``) reaches Python as: a
+    ``torch.AcceleratorError`` with that ``error_code`` (torch 2.8 on; before, a plain
+    ``RuntimeError``, which carries no code)."""
+    number = int(code.removeprefix("CUDA-"))
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    message = f"CUDA error {number} (injected in {where})"
+    if accelerator_error is None:
+        return RuntimeError(message)
+    error: BaseException = accelerator_error(message)
+    error.error_code = number  # type: ignore[attr-defined]
+    return error
 
 
 def _raise_injected(signum: int, frame: FrameType | None) -> None:

@@ -57,7 +57,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.protocol.kinds import StepFailure
 from unbroken.worker import torchapi
-from unbroken.worker.failure import SyncFailure
+from unbroken.worker.failure import SyncFailure, is_sticky
 from unbroken.worker.opretry import OpRetrier, wait_all
 from unbroken.worker.torchapi import GradBucket, ProcessGroupGloo
 
@@ -352,7 +352,10 @@ class GradSync:
     def fail_step(self, error: Exception) -> None:
         """Fail this step from outside the collectives (a device error found before them):
         this rank shares no gradient and skips its update. The failure's kind comes from
-        ``error`` (:mod:`unbroken.worker.failure`)."""
+        ``error`` (:mod:`unbroken.worker.failure`). A sticky device error is raised again: this
+        process cannot redo the step, a new one must (:func:`.failure.is_sticky`)."""
+        if is_sticky(error):
+            raise error
         self._fail(error)
 
     def _fail(self, error: Exception) -> None:

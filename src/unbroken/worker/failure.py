@@ -11,7 +11,11 @@ message that merely names a device error is not one.
 
 A device memory error is :class:`DeviceMemoryError` (raised by code that detects one, and by
 the fault injector, :mod:`unbroken.worker.chaos`) or torch's ``AcceleratorError`` with the
-driver's uncorrectable-ECC code. ``torch.OutOfMemoryError`` is not one: a failed allocation
+driver's uncorrectable-ECC code. A *sticky* device error (:data:`STICKY`: the CUDA context is
+unusable, the uncorrectable-ECC code among them) is never a failed step: the places that catch
+failures raise it again (:func:`is_sticky`), the process ends, and its exit report carries the
+error's code (:func:`device_code`, ``CUDA-710``), which the code table rates.
+``torch.OutOfMemoryError`` is not one: a failed allocation
 leaves memory intact, so it stays the kind of the place that caught it (an update that ran out
 of memory left its state suspect, not corrupt).
 
@@ -30,6 +34,16 @@ from unbroken.protocol.kinds import StepFailure
 #: ``cudaErrorECCUncorrectable``, the code an ``AcceleratorError`` carries for an uncorrectable
 #: ECC error in device memory (``hipErrorECCNotCorrectable`` has the same value).
 ECC_UNCORRECTABLE = 214
+#: ``cudaErrorMemoryAllocation``: the code of an allocation that failed (``torch.OutOfMemoryError``
+#: carries none; it is reported with this one). Not sticky: memory is intact.
+OUT_OF_MEMORY = 2
+#: ``cudaError_t`` codes after which the process's CUDA context is unusable: every later call
+#: fails with the same error, and only a new process can use the device again (CUDA runtime
+#: API, "the process must be terminated and relaunched"): uncorrectable ECC (214), illegal
+#: address (700), launch timeout (702), device-side assert (710), hardware stack error (714),
+#: illegal instruction (715), misaligned address (716), invalid address space (717), invalid
+#: program counter (718), launch failure (719), unknown (999).
+STICKY = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719, 999})
 
 
 class DeviceMemoryError(RuntimeError):
@@ -50,6 +64,38 @@ def is_device_memory_error(error: BaseException) -> bool:
             return True
         current = current.__cause__
     return False
+
+
+def _codes(error: BaseException) -> list[int]:
+    """The driver codes of ``error`` and the errors it was raised from (an allocation failure
+    counts as :data:`OUT_OF_MEMORY`)."""
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None)
+    seen: set[int] = set()
+    out: list[int] = []
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = accelerator_error_code(current)
+        if code is not None:
+            out.append(code)
+        elif isinstance(oom, type) and isinstance(current, oom):
+            out.append(OUT_OF_MEMORY)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+def device_code(error: BaseException) -> str:
+    """The fault code of a device error (``CUDA-710``: the fault-code table has a row for each
+    code the runtime documents), "" for an error that is not one."""
+    codes = _codes(error)
+    return f"CUDA-{codes[0]}" if codes else ""
+
+
+def is_sticky(error: BaseException) -> bool:
+    """Whether ``error`` left this process's device context unusable (:data:`STICKY`): the
+    step cannot be redone in this process, which must end so that a new one takes its place."""
+    return any(code in STICKY for code in _codes(error))
 
 
 def accelerator_error_code(error: BaseException) -> int | None:

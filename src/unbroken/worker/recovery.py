@@ -96,7 +96,7 @@ from torch.nn.parallel import DistributedDataParallel
 from unbroken.checkpoint.checkpointer import Checkpointer
 from unbroken.worker.commhook import GradSync, unsupported_reason
 from unbroken.worker.decisionwait import undecided_too_long
-from unbroken.worker.failure import SyncFailure
+from unbroken.worker.failure import SyncFailure, is_sticky
 from unbroken.worker.heartbeat import HeartbeatWriter, Phase, StepFailure, pack_op_retry
 from unbroken.worker.linkfault import OpenedLinks
 from unbroken.worker.mailbox import (
@@ -386,6 +386,8 @@ class Recovery:
         return StepFailure.NONE if failure is None else failure.kind
 
     def _update_failed(self, error: Exception) -> None:
+        if is_sticky(error):  # this process cannot redo the update: a new one must
+            raise error
         self._update_failure = failure = SyncFailure.of(error, StepFailure.UPDATE)
         self._suspect = True
         logger.error(

@@ -57,6 +57,7 @@ from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.data import Batches
 from unbroken.worker.elastic import VirtualGrads, plain_all_gather
 from unbroken.worker.env import WorkerEnv, process_started_at
+from unbroken.worker.failure import device_code
 from unbroken.worker.heartbeat import DEFAULT_INTERVAL_S, HeartbeatWriter, Phase
 from unbroken.worker.recovery import Recovery, checkpoint_group
 from unbroken.worker.recoverysettings import RecoverySettings
@@ -551,7 +552,13 @@ class Session:
         else:
             failure = StepFailure.COLLECTIVE if _collective_error(exc) else StepFailure.NONE
         lines = str(exc).strip().splitlines()
-        report = ExitReport(os.getpid(), exc_type.__name__, lines[0] if lines else "", failure)
+        report = ExitReport(
+            os.getpid(),
+            exc_type.__name__,
+            lines[0] if lines else "",
+            failure,
+            device_code=device_code(exc),
+        )
         with contextlib.suppress(OSError):
             write_exit_report(self.heartbeat.path, report)
 

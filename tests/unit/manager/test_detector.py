@@ -91,6 +91,18 @@ def test_an_exit_is_a_fault_of_its_rank(
     assert diverged(fault) is (code == "ReplicasDiverged")
 
 
+def test_a_device_error_s_exit_is_its_code_rated_by_the_table() -> None:
+    """The code the rank read from its exception object, not its class or its words."""
+    report = _exit(exception="AcceleratorError", device_code="CUDA-710", ended_after_failure=True)
+    fault = exit_fault(report, POD, CODES)
+    assert (fault.kind, fault.code, fault.level) == (
+        FaultKind.DEVICE,
+        "CUDA-710",
+        FaultLevel.RESTART_BUSINESS,
+    )
+    assert fault.detail == "rank 2 (pid 102) raised an exception"
+
+
 @pytest.mark.parametrize(
     ("failure", "kind", "code", "device", "retryable"),
     [

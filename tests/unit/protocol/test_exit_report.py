@@ -28,6 +28,9 @@ def test_a_report_reads_back_for_its_process_only(tmp_path: Path) -> None:
     assert read_exit_report(hb, 4242) == report
     assert read_exit_report(hb, 4243) is None  # an earlier process's report, not this one's
     assert list(hb.parent.iterdir()) == [exit_report_path(hb)]  # no temporary file left
+    device = ExitReport(4244, "AcceleratorError", "CUDA error", device_code="CUDA-700")
+    write_exit_report(hb, device)
+    assert read_exit_report(hb, 4244) == device
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,15 @@ REPORTS: list[Report] = [
         traceback="Traceback (most recent call last):\nValueError: bad batch",
         peer_failure=True,
     ),
+    RankExited(
+        rank=1,
+        pid=76,
+        returncode=1,
+        exited_at=1767225600.1,
+        ended_after_failure=True,
+        exception="AcceleratorError",
+        device_code="CUDA-710",
+    ),
     RankFailed(
         rank=2,
         pid=77,
@@ -144,7 +153,7 @@ def test_reports_travel_by_their_method() -> None:
 def test_the_wire_keeps_its_shape() -> None:
     """The JSON objects are the ones agents and managers exchanged before the types: events
     by name, the sender's fields beside the event's, a step failure by its kebab name."""
-    failed = encode_report(SENDER, REPORTS[6])
+    failed = encode_report(SENDER, next(r for r in REPORTS if isinstance(r, RankFailed)))
     assert failed["event"] == "rank-failed" and failed["failure"] == "device-memory"
     assert failed["pod"] == "job-worker-1" and failed["agent_pid"] == 4242
     assert failed["generation"] == 3

@@ -19,8 +19,10 @@ from unbroken.worker.failure import (
     ECC_UNCORRECTABLE,
     DeviceMemoryError,
     SyncFailure,
+    device_code,
     failure_kind,
     is_device_memory_error,
+    is_sticky,
 )
 
 pytestmark = pytest.mark.unit
@@ -114,3 +116,50 @@ def test_the_module_imports_no_torch() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.strip() == "False"
+
+
+class OutOfMemoryError(RuntimeError):
+    """torch's allocation failure: no driver code of its own."""
+
+
+@pytest.fixture
+def fake_torch_oom(fake_torch: None) -> None:
+    sys.modules["torch"].OutOfMemoryError = OutOfMemoryError  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("fake_torch_oom")
+@pytest.mark.parametrize(
+    ("code", "sticky"),
+    [(700, True), (710, True), (719, True), (214, True), (999, True), (2, False), (1, False)],
+)
+def test_a_device_error_has_its_code_and_stickiness_from_the_object(
+    code: int, sticky: bool
+) -> None:
+    error = AcceleratorError("CUDA error: whatever the driver says", code)
+    assert device_code(error) == f"CUDA-{code}"
+    assert is_sticky(error) is sticky
+    wrapped = RuntimeError("the step failed")
+    wrapped.__cause__ = error  # raised from it, as a framework re-raises
+    assert device_code(wrapped) == f"CUDA-{code}" and is_sticky(wrapped) is sticky
+
+
+@pytest.mark.usefixtures("fake_torch_oom")
+def test_out_of_memory_is_code_2_and_not_sticky() -> None:
+    error = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert device_code(error) == "CUDA-2" and not is_sticky(error)
+
+
+@pytest.mark.usefixtures("fake_torch_oom")
+def test_words_of_a_device_error_are_not_one() -> None:
+    error = RuntimeError("CUDA error: an illegal memory access was encountered (700)")
+    assert device_code(error) == "" and not is_sticky(error)
+
+
+def test_every_code_a_rank_reports_has_a_row_in_the_code_table() -> None:
+    from unbroken.faults import CodeTable
+    from unbroken.worker.failure import OUT_OF_MEMORY, STICKY
+
+    table = CodeTable.load()
+    for code in sorted(STICKY | {OUT_OF_MEMORY}):
+        info = table.lookup(f"CUDA-{code}")
+        assert info is not None and info.source == "CUDA runtime API", code
