@@ -236,8 +236,20 @@ def _reply(fd: int, text: str) -> bool:
         return False
 
 
+#: The functions of ``torch.cuda`` that reach the CUDA driver (initialise it, or count or pick
+#: devices through it). None may run in a zygote or an image: a process forked after the driver
+#: started cannot use the GPU ("Cannot re-initialize CUDA in forked subprocess").
+CUDA_DRIVER_CALLS = frozenset(
+    {"init", "_lazy_init", "is_available", "device_count", "current_device", "set_device"}
+)
+
+
 def warm_imports() -> None:
-    """Import what every rank needs, then freeze the result (see :func:`main`)."""
+    """Import what every rank needs, then freeze the result (see :func:`main`). CUDA stays
+    untouched (:data:`CUDA_DRIVER_CALLS`): were it started, every rank forked from here could
+    not use its GPU, so the zygote refuses to go on (:func:`cuda_untouched`)."""
+    # torch's availability check through NVML, not the driver, should any import ask it.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch
     import torch._dynamo  # DDP's constructor imports it: 1-1.5 s of a new rank's start here
     import torch.distributed
@@ -247,10 +259,27 @@ def warm_imports() -> None:
 
     import unbroken.worker.session  # noqa: F401  # the worker library: 0.1-0.13 s here
 
+    cuda_untouched()
     # The imports' objects go to the collector's permanent generation: a forked rank never
     # traverses them in a collection (shorter pauses, no copy-on-write of their pages), and
     # its interpreter's exit skips them (1-2 s of CPU per rank with torch imported).
     gc.freeze()
+
+
+def cuda_untouched() -> None:
+    """Exit with the reason if CUDA was initialised in this process: its forks could not use
+    the GPU."""
+    import torch
+
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        print(
+            f"{time.time():.3f} standby {os.getpid()}: CUDA was initialised before the ranks "
+            "were forked; a forked rank cannot use the GPU (initialise CUDA in the rank, "
+            "after it starts, never at import)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(3)
 
 
 def _announce_ready(reply_fd: int, began: float) -> None:

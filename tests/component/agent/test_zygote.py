@@ -215,3 +215,47 @@ def test_a_rank_starts_anew_when_its_zygote_dies(tmp_path: Path) -> None:
     assert _seen(tmp_path, "cold")["sid"] == proc.pid
     z.close()
     assert z.proc.returncode == 3 and not z.alive
+
+
+_TRACE_CUDA = """
+import sys
+from unbroken.agent import standby
+
+called = []
+
+def profile(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename.endswith("torch/cuda/__init__.py"):
+        if frame.f_code.co_name in standby.CUDA_DRIVER_CALLS:
+            called.append(frame.f_code.co_name)
+
+sys.setprofile(profile)
+standby.warm_imports()
+sys.setprofile(None)
+print("called:" + ",".join(called))
+"""
+
+
+def test_a_zygote_s_imports_never_reach_the_cuda_driver() -> None:
+    """Whatever a zygote (or the node image) imports, no function that starts CUDA, counts its
+    devices or picks one runs there: its forked ranks could not use a GPU after it."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TRACE_CUDA],
+        capture_output=True,
+        text=True,
+        timeout=READY_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "called:", out.stdout
+
+
+def test_a_zygote_whose_cuda_was_started_refuses_to_fork() -> None:
+    script = (
+        "import torch\nfrom unbroken.agent import standby\n"
+        "torch.cuda.is_initialized = lambda: True\nstandby.cuda_untouched()\nprint('forked')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=READY_S
+    )
+    assert out.returncode == 3 and "forked" not in out.stdout, (out.stdout, out.stderr)
+    assert "CUDA was initialised before the ranks were forked" in out.stderr
