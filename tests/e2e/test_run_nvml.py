@@ -87,8 +87,8 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
     evs = events(run_dir)
     (fault,) = of_kind(evs, "FaultDetected")
     assert (fault["code"], fault["level"], fault["nodes"]) == ("XID-79", "SeparateNPU", ["node-1"])
-    # Seen from the event, not the next poll (every 3 s): the event's time to the ledger's.
-    assert fault["at"] - fault["occurred_at"] < 1.0, fault
+    # Seen from the event, not at the next poll (every 30 s): the event's time to the ledger's.
+    assert fault["at"] - fault["occurred_at"] < 3.0, fault
     isolated = [(e["node"], e["device"]) for e in of_kind(evs, "DeviceIsolated")]
     assert isolated == [("node-1", 1)], isolated
     (decision,) = of_kind(evs, "DecisionMade", fault_id=fault["fault_id"])
