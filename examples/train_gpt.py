@@ -18,7 +18,9 @@ scheduler}`` and ``data=loader``, and ``session.batch()`` in place of ``next(dat
 With them every fault, in process or by restart, ends with the model, optimizer, scheduler and
 data position of a fault-free run, bit for bit. ``--unregistered-scheduler`` leaves the
 scheduler out of ``state=``, as a script that forgets it would: the session's agreement check
-then finds the replicas diverged after an in-process recovery.
+then finds the replicas diverged after an in-process recovery. ``--device cuda`` trains on the
+rank's GPU (``ub.device()``; several ranks may share one) with deterministic algorithms, over
+gloo as on CPU.
 
 Every rank writes ``--result`` (rank 0 to the path itself, rank r to ``PATH.rank<r>``) as JSON:
 the steps trained, the world size and digests of the final model, optimizer, scheduler and data
@@ -171,14 +173,25 @@ def main() -> None:
     p.add_argument("--agree-every", type=int, default=100, help="agreement check interval")
     p.add_argument("--unregistered-scheduler", action="store_true")
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds of 'compute'")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: train on this rank's GPU (ub.device()), with deterministic algorithms",
+    )
     args = p.parse_args()
+    if args.device == "cuda":
+        # Bitwise-repeatable cuBLAS (and so a recovered run equal to a fault-free one).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    device = ub.device() if args.device == "cuda" else torch.device("cpu")
 
     torch.manual_seed(args.seed)
-    model = GPT()
+    model = GPT().to(device)
     ddp = DistributedDataParallel(model, find_unused_parameters=True)  # fixed buckets
     opt = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(10, args.steps))
@@ -204,7 +217,7 @@ def main() -> None:
     )
     loss = torch.tensor(float("nan"))
     for _step in session.steps(args.steps):
-        x, y = session.batch()
+        x, y = (t.to(device) for t in session.batch())
         logits = ddp(x)
         loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
         opt.zero_grad(set_to_none=True)

@@ -15,6 +15,9 @@ for that: it keeps the gradient bucket layout fixed, where the default rebuilds 
 after the first iteration of every process and so sums gradients in a different order in the
 first step after a restart.
 
+With ``--device cuda`` each rank trains on its GPU (``ub.device()``: the one its pod's device
+slot runs on; several ranks may share one) with deterministic algorithms, over gloo as on CPU.
+
 Rank 0 writes ``--result`` as JSON: the steps trained, the world size and the sha256 digest of
 the final model state.
 """
@@ -78,20 +81,31 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds of 'compute'")
     p.add_argument("--width", type=int, default=0, help="hidden width (0: the small model)")
     p.add_argument("--layers", type=int, default=0, help="hidden layers of --width units")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: train on this rank's GPU (ub.device()), with deterministic algorithms",
+    )
     args = p.parse_args()
+    if args.device == "cuda":
+        # Bitwise-repeatable cuBLAS (and so a recovered run equal to a fault-free one).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
 
-    model = make_model(args.seed, args.width, args.layers)
+    device = ub.device() if args.device == "cuda" else torch.device("cpu")
+    model = make_model(args.seed, args.width, args.layers).to(device)
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
     session = ub.init(ddp, opt, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, seed=args.seed)
     for step in session.steps(args.steps):
-        x, y = batch(args.seed, step, rank)
+        x, y = (t.to(device) for t in batch(args.seed, step, rank))
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(x), y)
         loss.backward()

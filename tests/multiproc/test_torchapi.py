@@ -208,6 +208,15 @@ def check_ddp_register_buffer_hook(rank: int) -> None:
     assert model.seen.tolist() == [float(rank)] * 2  # in place of DDP's own broadcast
 
 
+def check_abort_group(rank: int) -> None:
+    group = dist.group.WORLD
+    assert isinstance(group, dist.ProcessGroup)
+    assert torchapi.abort_group(group) is False  # gloo: nothing to abort, the group still works
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(WORLD)] * 2
+
+
 def check_ddp_syncs_buffers(rank: int) -> None:
     with_buffer = _model()
     with_buffer.register_buffer("seen", torch.zeros(2))
@@ -526,6 +535,10 @@ def test_ddp_delays_all_reduce(outcomes: dict[str, list[str]]) -> None:
 
 def test_ddp_register_buffer_hook(outcomes: dict[str, list[str]]) -> None:
     _assert_ok(outcomes, "ddp_register_buffer_hook")
+
+
+def test_abort_group(outcomes: dict[str, list[str]]) -> None:
+    _assert_ok(outcomes, "abort_group")
 
 
 def test_ddp_syncs_buffers(outcomes: dict[str, list[str]]) -> None:

@@ -17,6 +17,10 @@ from pathlib import Path
 
 from unbroken.agent.launcher import LaunchArgs
 
+#: The pod's GPUs, one index into its CUDA_VISIBLE_DEVICES per local rank (the job manager's),
+#: and the one of this rank (:mod:`unbroken.worker.device` reads it).
+CUDA_DEVICES = "UNBROKEN_CUDA_DEVICES"
+CUDA_DEVICE = "UNBROKEN_CUDA_DEVICE"
 #: Variables that give access to the control plane; ranks never see them.
 CONTROL_VARS = ("UNBROKEN_CONTROL", "UNBROKEN_SECRET", "UNBROKEN_CREDENTIALS")
 
@@ -51,6 +55,9 @@ def rank_env(
     )
     if heartbeat_file is not None:
         env["UNBROKEN_HEARTBEAT_FILE"] = str(heartbeat_file)
+    cuda = _local_cuda_device(env.get(CUDA_DEVICES, ""), local_rank)
+    if cuda is not None:  # this rank's GPU among the pod's (unbroken.worker.device)
+        env[CUDA_DEVICE] = cuda
     if _loopback(args.master_addr) and not any(k in env for k in _IFNAME_VARS):
         # A job on one machine: gloo's own listening sockets stay on loopback too (torch
         # otherwise binds them to the address of the machine's host name).
@@ -66,3 +73,9 @@ def _loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return addr == "localhost"
+
+
+def _local_cuda_device(pod_devices: str, local_rank: int) -> str | None:
+    """This local rank's entry of a pod's ``UNBROKEN_CUDA_DEVICES`` (None: the pod has none)."""
+    entries = [e.strip() for e in pod_devices.split(",") if e.strip()]
+    return entries[local_rank % len(entries)] if entries else None

@@ -24,6 +24,7 @@ from types import FrameType
 
 from unbroken.chaos import ChaosError, ChaosFault, load_chaos
 from unbroken.cli.rundir import RunDirError, claim_run_dir
+from unbroken.devices import DeviceStateError
 from unbroken.faults import CodeTable, CodeTableError
 from unbroken.ledger import Ledger, LedgerError, RungsUnavailable, format_incidents, incidents
 from unbroken.manager.console import Console
@@ -236,6 +237,23 @@ def _terminate_as_interrupt() -> Iterator[Interrupt]:
             signal.signal(sig, handler)
 
 
+def _gpus(cluster: ClusterSpec) -> tuple[int, ...]:
+    """The machine's GPUs the run places its device slots on (none on a machine without)."""
+    import os
+
+    from unbroken.devices.nvml import load_nvml, machine_gpus
+
+    count = None
+    if cluster.device_plugin.provider == "nvml":
+        count = int(load_nvml().nvmlDeviceGetCount())
+    gpus = machine_gpus(os.environ, count)
+    if count is not None and not gpus:
+        raise ValueError("devicePlugin.provider nvml: NVML counts no GPU on this machine")
+    if count is not None and any(g >= count for g in gpus):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES names a GPU NVML does not see ({count} GPU(s))")
+    return gpus
+
+
 def _run_in(
     run_dir: Path,
     args: argparse.Namespace,
@@ -247,6 +265,10 @@ def _run_in(
     from unbroken.manager.job import JobManager, ManagerError
 
     layout = dataclasses.replace(layout, workdir=run_dir)
+    try:
+        gpus = _gpus(cluster)
+    except (ValueError, DeviceStateError) as exc:
+        return _fail(str(exc))
     cl = ClusterLayout(
         nodes=nodes,
         devices_per_node=cluster.devices_per_node,
@@ -255,6 +277,7 @@ def _run_in(
         code_table=args.codes,
         offline_reset=cluster.hot_reset is HotReset.OFFLINE,
         device_provider=cluster.device_plugin.provider,
+        gpus=gpus,
     )
     opts = ManagerOptions(
         agent_timeout_s=args.agent_timeout,

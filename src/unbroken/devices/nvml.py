@@ -30,6 +30,7 @@ never a fault. The provider reads no CUDA and imports no torch.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -67,22 +68,47 @@ Judge = Callable[[str], tuple[int, bool]]
 Slot = tuple[str, int]  # (node, device)
 
 
-def slots_on_gpus(nodes: Sequence[str], devices_per_node: int, gpus: int) -> dict[int, list[Slot]]:
-    """The device slots each GPU backs: slot ``k`` (node ``k // devices_per_node``, device
-    ``k % devices_per_node``) runs on GPU ``k % gpus``."""
-    if gpus < 1:
+def slots_on_gpus(
+    nodes: Sequence[str], devices_per_node: int, gpus: Sequence[int]
+) -> dict[int, list[Slot]]:
+    """The device slots each GPU of ``gpus`` (NVML indices) backs: slot ``k`` (node
+    ``k // devices_per_node``, device ``k % devices_per_node``) runs on ``gpus[k % len(gpus)]``."""
+    if not gpus:
         raise ValueError("no GPU to place device slots on")
-    placed: dict[int, list[Slot]] = {g: [] for g in range(min(gpus, len(nodes) * devices_per_node))}
+    placed: dict[int, list[Slot]] = {}
     for i, node in enumerate(nodes):
         for d in range(devices_per_node):
-            placed[(i * devices_per_node + d) % gpus].append((node, d))
+            placed.setdefault(gpu_of_slot(i, d, devices_per_node, gpus), []).append((node, d))
     return placed
 
 
-def gpu_of_slot(node_index: int, device: int, devices_per_node: int, gpus: int) -> int:
+def gpu_of_slot(node_index: int, device: int, devices_per_node: int, gpus: Sequence[int]) -> int:
     """The GPU that device ``device`` of the ``node_index``-th node runs on
     (:func:`slots_on_gpus`)."""
-    return (node_index * devices_per_node + device) % gpus
+    return gpus[(node_index * devices_per_node + device) % len(gpus)]
+
+
+def machine_gpus(environ: Mapping[str, str], nvml_count: int | None = None) -> tuple[int, ...]:
+    """The GPUs (NVML indices, PCI bus order) a run on this machine places its device slots on:
+    those ``CUDA_VISIBLE_DEVICES`` lists when it is set, else every GPU NVML counts (when it was
+    asked), else every GPU the NVIDIA driver lists under ``/proc/driver/nvidia/gpus``; none on
+    a machine without one. ValueError for a ``CUDA_VISIBLE_DEVICES`` entry that is no index."""
+    given = environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        entries = [e.strip() for e in given.split(",") if e.strip()]
+        bad = [e for e in entries if not e.isdigit()]
+        if bad:
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES={given!r}: {bad[0]!r} is no GPU index (give indices in "
+                "PCI bus order, as nvidia-smi lists them)"
+            )
+        return tuple(int(e) for e in entries)
+    if nvml_count is not None:
+        return tuple(range(nvml_count))
+    try:
+        return tuple(range(len(os.listdir("/proc/driver/nvidia/gpus"))))
+    except OSError:
+        return ()
 
 
 def load_nvml(module: str = "pynvml") -> ModuleType:

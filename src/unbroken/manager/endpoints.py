@@ -109,14 +109,13 @@ class Endpoints:
         if cl.device_provider == "nvml":
             try:
                 nvml = load_nvml()
-                gpus = nvml.nvmlDeviceGetCount()
-                slots = slots_on_gpus(cl.nodes, cl.devices_per_node, gpus)
+                slots = slots_on_gpus(cl.nodes, cl.devices_per_node, cl.gpus)
                 self.nvml = NvmlProvider(slots, ctx.codes.judge, nvml)
             except (DeviceStateError, ValueError) as exc:
                 raise ManagerError(f"devicePlugin.provider nvml: {exc}") from None
             provider = self.nvml
             ctx.console.line(
-                f"device health: NVML, {gpus} GPU(s) under {len(cl.nodes)} node(s) x "
+                f"device health: NVML, {len(cl.gpus)} GPU(s) under {len(cl.nodes)} node(s) x "
                 f"{cl.devices_per_node} device(s)"
             )
         else:

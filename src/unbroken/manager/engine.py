@@ -31,9 +31,11 @@ from typing import Any
 
 from unbroken.agent.image import Image, StoreKeeper
 from unbroken.agent.planes import START_PLANE_VAR
+from unbroken.devices.nvml import gpu_of_slot
 from unbroken.ledger import PodPlaced, PodsStopped
 from unbroken.manager.context import Context
 from unbroken.manager.generations import Generations
+from unbroken.manager.layout import ClusterLayout
 from unbroken.manager.pods import (
     PodProcess,
     Spare,
@@ -562,6 +564,7 @@ class Engine:
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             }
         )
+        env.update(pod_gpu_env(ctx.cluster, node, devices))
         if Strategy.ELASTIC_TRAINING in fh.strategies:
             # Stopped ranks wait for their world as long as the elastic rung may take: the
             # pending pod's wait-reschedule-timeout and the decision wait.
@@ -706,3 +709,20 @@ class LocalPods:
         e = self.engine
         e.unplaced = None
         self.outcomes += e.start_then_restart_others(pods, e.warm_nodes(pods), self.terms)
+
+
+def pod_gpu_env(cluster: ClusterLayout, node: str, devices: tuple[int, ...]) -> dict[str, str]:
+    """What a device plugin exports to a pod whose device slots are ``devices`` of ``node``: the
+    GPUs they run on as ``CUDA_VISIBLE_DEVICES`` (each once, PCI bus order, as NVML counts
+    them), and, per local rank, its GPU's index among those (``UNBROKEN_CUDA_DEVICES``: local
+    rank ``i`` has device slot ``devices[i]``); nothing on a machine without GPUs."""
+    if not cluster.gpus or node not in cluster.nodes:
+        return {}
+    index = cluster.nodes.index(node)
+    per_rank = [gpu_of_slot(index, d, cluster.devices_per_node, cluster.gpus) for d in devices]
+    visible = list(dict.fromkeys(per_rank))
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, visible)),
+        "UNBROKEN_CUDA_DEVICES": ",".join(str(visible.index(g)) for g in per_rank),
+    }

@@ -92,6 +92,10 @@ class ClusterLayout:
     #: Where device health comes from: ``sim`` or ``nvml`` (this machine's GPUs, laid under the
     #: nodes' device slots by :func:`unbroken.devices.nvml.slots_on_gpus`).
     device_provider: str = "sim"
+    #: The machine's GPUs the device slots run on (NVML indices; :func:`unbroken.devices.nvml
+    #: .machine_gpus`), empty where there is none: each pod gets those of its slots as
+    #: ``CUDA_VISIBLE_DEVICES``.
+    gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ Import it as ``import unbroken.worker as ub`` and call :func:`ub.init` after
 standard library only, never the control plane, the CLI, grpc or yaml. The heartbeat format
 (:mod:`unbroken.worker.heartbeat`) does not even import torch: importing this package is
 torch-free until a torch-backed name (``init``, ``Session``, ``TrainingStopped``,
-``RecoveryFailed``, ``ReplicasDiverged``, ``state_digest``) is first used, so the node agent
-reads heartbeats without torch.
+``RecoveryFailed``, ``ReplicasDiverged``, ``state_digest``, ``device``) is first used, so the
+node agent reads heartbeats without torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from unbroken.worker.stop import STOP_EXIT_CODE
 
 if TYPE_CHECKING:
     from unbroken.worker.agreement import ReplicasDiverged
+    from unbroken.worker.device import device
     from unbroken.worker.digest import state_digest
     from unbroken.worker.recovery import RecoveryFailed
     from unbroken.worker.session import Session, TrainingStopped, init
@@ -39,6 +40,7 @@ __all__ = [
     "ReplicasDiverged",
     "Session",
     "TrainingStopped",
+    "device",
     "init",
     "state_digest",
 ]
@@ -48,6 +50,7 @@ _LAZY = {
     "Session": "unbroken.worker.session",
     "TrainingStopped": "unbroken.worker.session",
     "state_digest": "unbroken.worker.digest",
+    "device": "unbroken.worker.device",
     "RecoveryFailed": "unbroken.worker.recovery",
     "ReplicasDiverged": "unbroken.worker.agreement",
 }

@@ -157,10 +157,23 @@ def _memory_error(
 
 
 def _device_error(code: str, where: str) -> BaseException:
-    """The error the CUDA runtime's ``code`` (``CUDA-710``) reaches Python as: a
-    ``torch.AcceleratorError`` with that ``error_code`` (torch 2.8 on; before, a plain
-    ``RuntimeError``, which carries no code)."""
+    """The error the CUDA runtime's ``code`` (``CUDA-710``) reaches Python as. On a rank that
+    trains on a GPU, a device-side assert (710) and an out-of-memory (2) are the real thing: an
+    out-of-bounds index run on the device, an allocation larger than the device; any other code,
+    and every code on a CPU, is a ``torch.AcceleratorError`` with that ``error_code`` (torch 2.8
+    on; before, a plain ``RuntimeError``, which carries no code)."""
     number = int(code.removeprefix("CUDA-"))
+    if torch.cuda.is_initialized() and number in (710, 2):  # type: ignore[no-untyped-call]
+        try:
+            if number == 710:
+                index = torch.tensor([1 << 20], device="cuda")
+                torch.zeros(1, device="cuda")[index].item()  # an assert in the kernel
+            else:
+                free, _ = torch.cuda.mem_get_info()
+                torch.empty(free * 2, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+        except Exception as e:  # the runtime's own error, raised where the step runs
+            return e
     accelerator_error = getattr(torch, "AcceleratorError", None)
     message = f"CUDA error {number} (injected in {where})"
     if accelerator_error is None:

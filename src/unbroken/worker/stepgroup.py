@@ -409,7 +409,10 @@ class StepGroup(dist.ProcessGroup):
 
     def release(self) -> None:
         """Let go of the real group: its links close (gloo closes them when the last reference
-        goes), so peers blocked with this rank fail at once; collectives fail from now on."""
+        goes; an NCCL communicator is aborted), so peers blocked with this rank fail at once;
+        collectives fail from now on."""
+        if self._inner is not None:
+            torchapi.abort_group(self._inner)
         self._inner = None
         self.left = True
         self.log.clear()
@@ -419,6 +422,8 @@ class StepGroup(dist.ProcessGroup):
         here and at the peers) and let go of it."""
         if self._links is not None:
             self._links.cut()
+        if self._inner is not None:
+            torchapi.abort_group(self._inner)
         self._inner, self._links = None, None
 
     def rebuild(self, store: torchapi.Store, timeout: timedelta) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "ProcessGroupGloo",
     "Store",
     "TCPStore",
+    "abort_group",
     "broadcast_coalesced",
     "ddp_delays_all_reduce",
     "ddp_parameters",
@@ -149,6 +150,28 @@ def plain_group(
         else:
             group._register_backend(torch.device("cuda"), backend_type.GLOO, gloo)
     return group
+
+
+def abort_group(group: dist.ProcessGroup) -> bool:
+    """Abort ``group``'s NCCL communicator, if it has one: every collective waiting on it ends
+    with an error at once (NCCL's kernels otherwise wait for a dead peer for ever, and hold the
+    device's streams), and the communicator is never used again. False: the group has no NCCL
+    backend (gloo closes its links when the group's last reference goes).
+
+    ``ProcessGroup._get_backend(torch.device("cuda"))`` and ``ProcessGroupNCCL.abort()``;
+    checked against torch 2.11 and 2.13. Public replacement: ``dist.distributed_c10d.
+    _abort_process_group`` (private too, and for registered groups only)."""
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return False
+    try:
+        backend = group._get_backend(torch.device("cuda"))
+    except (RuntimeError, ValueError):  # no backend for CUDA tensors
+        return False
+    if not isinstance(backend, nccl):
+        return False
+    backend.abort()
+    return True
 
 
 # -- gloo groups of the worker's own ---------------------------------------------------------

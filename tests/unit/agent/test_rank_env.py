@@ -33,3 +33,9 @@ def test_the_users_interface_wins_and_control_variables_stay_out() -> None:
     env = _env("127.0.0.1", base)
     assert env["GLOO_SOCKET_IFNAME"] == "eth1"
     assert not any(k in env for k in CONTROL_VARS)
+
+
+def test_a_rank_gets_its_gpu_among_the_pod_s() -> None:
+    env = _env("127.0.0.1", {"CUDA_VISIBLE_DEVICES": "4,5", "UNBROKEN_CUDA_DEVICES": "1,0"})
+    assert (env["CUDA_VISIBLE_DEVICES"], env["UNBROKEN_CUDA_DEVICE"]) == ("4,5", "0")
+    assert "UNBROKEN_CUDA_DEVICE" not in _env("127.0.0.1")  # a pod without GPUs

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from unbroken.devices import DeviceFaulted, DeviceRecovered, DeviceStateError, DeviceWatcher
-from unbroken.devices.nvml import NvmlProvider, gpu_of_slot, load_nvml, slots_on_gpus
+from unbroken.devices.nvml import (
+    NvmlProvider,
+    gpu_of_slot,
+    load_nvml,
+    machine_gpus,
+    slots_on_gpus,
+)
 from unbroken.faults import CodeTable
 
 pytestmark = pytest.mark.unit
@@ -62,13 +68,22 @@ def faults(p: NvmlProvider) -> dict[tuple[str, int], str | None]:
 
 
 def test_slots_are_laid_over_the_gpus_in_turn() -> None:
-    placed = slots_on_gpus(("a", "b"), 2, 1)
+    placed = slots_on_gpus(("a", "b"), 2, (0,))
     assert placed == {0: [("a", 0), ("a", 1), ("b", 0), ("b", 1)]}  # four ranks share one GPU
-    placed = slots_on_gpus(("a", "b", "c"), 2, 4)
+    placed = slots_on_gpus(("a", "b", "c"), 2, (0, 1, 2, 3))
     assert placed[0] == [("a", 0), ("c", 0)] and placed[3] == [("b", 1)]
-    assert gpu_of_slot(2, 1, 2, 4) == 1
+    assert gpu_of_slot(2, 1, 2, (0, 1, 2, 3)) == 1
+    assert slots_on_gpus(("a",), 2, (5, 7)) == {5: [("a", 0)], 7: [("a", 1)]}
     with pytest.raises(ValueError):
-        slots_on_gpus(("a",), 1, 0)
+        slots_on_gpus(("a",), 1, ())
+
+
+def test_the_run_s_gpus_are_those_cuda_visible_devices_lists_else_nvml_s_else_none() -> None:
+    assert machine_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}, nvml_count=8) == (2, 3)
+    assert machine_gpus({"CUDA_VISIBLE_DEVICES": ""}, nvml_count=8) == ()
+    assert machine_gpus({}, nvml_count=4) == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="is no GPU index"):
+        machine_gpus({"CUDA_VISIBLE_DEVICES": "GPU-8a1f"})
 
 
 def test_a_healthy_machine_reports_every_slot_healthy(nvml: ModuleType) -> None:
