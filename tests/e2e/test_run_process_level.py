@@ -248,12 +248,16 @@ def test_lost_node_is_recovered_on_the_spare_node_from_a_replica(
     }
 
 
+@pytest.mark.parametrize(
+    ("chaos", "code"), [("memory-rank.yaml", "80E01801"), ("oom-rank.yaml", "CUDA-2")]
+)
 def test_device_memory_error_is_retried_online_in_the_same_processes(
-    run_dir: Path, reference: Reference
+    run_dir: Path, reference: Reference, chaos: str, code: str
 ) -> None:
-    """``retry``: rank 2's memory is corrupted at step 25; no process restarts, every rank
-    rejoins a new generation, rank 2 is repaired from a healthy replica and the step redone."""
-    res = run_job(run_dir, "--chaos", FIXTURES / "memory-rank.yaml", job=RETRY)
+    """``retry``: rank 2's memory is corrupted at step 25 (or an allocation on its device
+    fails); no process restarts, every rank rejoins a new generation, rank 2 is repaired from a
+    healthy replica and the step redone."""
+    res = run_job(run_dir, "--chaos", FIXTURES / chaos, job=RETRY)
     assert res.rc == 0, res.explain()
     assert_succeeded(res.stdout, "e2e-retry", run_dir, reference)
 
@@ -261,6 +265,7 @@ def test_device_memory_error_is_retried_online_in_the_same_processes(
     incident = the_incident(evs)
     fault = incident[0]
     assert fault["source"] == "device-memory" and fault["ranks"] == [2], fault
+    assert fault["code"] == code, fault
     assert fault["pods"] == [RETRY_WORKER] and fault["step"] == 25, fault
     decision = incident[1]
     assert decision["strategy"] == "retry", decision

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from unbroken.protocol.kinds import StepFailure
 from unbroken.worker.recovery import Recovery, _wrap_optimizer_step
 
 pytestmark = pytest.mark.multiproc
@@ -55,3 +56,4 @@ def test_an_out_of_memory_in_the_update_fails_the_step_in_process() -> None:
     _wrap_optimizer_step(optimizer, recovery)  # type: ignore[arg-type]
     assert optimizer.step() is None
     assert recovery._update_failure is not None and recovery._suspect
+    assert recovery._update_failure.kind is StepFailure.OUT_OF_MEMORY

@@ -683,6 +683,7 @@ class ManagedAgent:
         if snap.failure not in (
             StepFailure.UPDATE,
             StepFailure.DEVICE_MEMORY,
+            StepFailure.OUT_OF_MEMORY,
             StepFailure.COLLECTIVE,
         ):
             return

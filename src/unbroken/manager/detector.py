@@ -129,6 +129,7 @@ _STEP_FAILURES = {
     StepFailure.COLLECTIVE: "a collective failed and no peer was lost",
     StepFailure.UPDATE: "its optimizer update raised",
     StepFailure.DEVICE_MEMORY: "device memory error",
+    StepFailure.OUT_OF_MEMORY: "a device allocation failed (out of memory)",
 }
 
 

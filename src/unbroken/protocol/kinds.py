@@ -56,6 +56,7 @@ class StepFailure(IntEnum):
     COLLECTIVE = 1  # a collective failed: a peer died or hung, or a link broke
     UPDATE = 2  # the optimizer update raised: the rank's state is suspect
     DEVICE_MEMORY = 3  # an uncorrectable device memory error: the rank's state is corrupt
+    OUT_OF_MEMORY = 4  # a device allocation failed: nothing is corrupt, the step can be redone
 
     @property
     def kind(self) -> FaultKind | None:
@@ -73,6 +74,8 @@ class StepFailure(IntEnum):
 #: The seed's code of an uncorrectable device memory error (HBM UCE); the device that raised
 #: it is the rank's own.
 DEVICE_MEMORY_CODE = "80E01801"
+#: A device allocation that failed (``cudaErrorMemoryAllocation``): the code table's row.
+OUT_OF_MEMORY_CODE = "CUDA-2"
 #: A collective that failed (after op retry, when it is on) while every peer stayed alive.
 LINK_FAILURE_CODE = "collective-failed"
 #: The optimizer update raised: the rank's state is suspect.
@@ -87,9 +90,13 @@ _STEP_FAULT_KINDS: dict[StepFailure, FaultKind] = {
     StepFailure.COLLECTIVE: FaultKind.LINK,
     StepFailure.UPDATE: FaultKind.EXCEPTION,
     StepFailure.DEVICE_MEMORY: FaultKind.DEVICE_MEMORY,
+    # Retryable as a memory error is: the step is redone in the same processes (the rank's
+    # state repaired from a replica, which an update cut short needs).
+    StepFailure.OUT_OF_MEMORY: FaultKind.DEVICE_MEMORY,
 }
 _STEP_FAULT_CODES: dict[StepFailure, str] = {
     StepFailure.COLLECTIVE: LINK_FAILURE_CODE,
     StepFailure.UPDATE: UPDATE_FAILED_CODE,
     StepFailure.DEVICE_MEMORY: DEVICE_MEMORY_CODE,
+    StepFailure.OUT_OF_MEMORY: OUT_OF_MEMORY_CODE,
 }

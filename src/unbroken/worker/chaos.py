@@ -5,7 +5,8 @@ The job manager hands each rank its entries in ``UNBROKEN_CHAOS`` (JSON) and a d
 committed ``at_step`` steps) the entry fires: ``kill`` sends SIGKILL to the process itself,
 ``hang`` SIGSTOP, ``exception`` raises :class:`InjectedFault` from the training loop (with
 ``code: CUDA-<n>``, ``torch.AcceleratorError`` carrying that ``cudaError_t`` as its
-``error_code``, as the CUDA runtime raises a device error: ``CUDA-710`` a device-side assert),
+``error_code``, as the CUDA runtime raises a device error: ``CUDA-710`` a device-side assert;
+``CUDA-2``, an out-of-memory, fails the step in process where the rank recovers in process),
 and
 ``memory`` simulates an uncorrectable device memory error (the seed's HBM UCE): a parameter of
 this rank is corrupted and the step fails with :class:`DeviceMemoryError` before the rank
@@ -35,7 +36,8 @@ from types import FrameType
 import torch
 from torch.distributed.tensor import DTensor
 
-from unbroken.worker.failure import DeviceMemoryError
+from unbroken.protocol.kinds import StepFailure
+from unbroken.worker.failure import DeviceMemoryError, failure_kind
 from unbroken.worker.linkfault import reset_links
 
 logger = logging.getLogger(__name__)
@@ -107,7 +109,15 @@ class RankChaos:
         elif entry.kind == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif entry.kind == "exception" and entry.code:
-            raise _device_error(entry.code, f"rank {self.rank} before step {step}")
+            error = _device_error(entry.code, f"rank {self.rank} before step {step}")
+            if fail_step is not None and failure_kind(error, StepFailure.NONE) is (
+                StepFailure.OUT_OF_MEMORY
+            ):
+                # An allocation that failed before the step shared anything: in process, the
+                # step fails (a step to redo); without in-process recovery, the process ends.
+                fail_step(error)
+                return
+            raise error
         elif entry.kind == "exception":
             raise InjectedFault(f"injected exception in rank {self.rank} before step {step}")
         elif entry.kind == "link":
@@ -156,12 +166,13 @@ def _memory_error(
     fail_step(error)
 
 
-def _device_error(code: str, where: str) -> BaseException:
+def _device_error(code: str, where: str) -> Exception:
     """The error the CUDA runtime's ``code`` (``CUDA-710``) reaches Python as. On a rank that
     trains on a GPU, a device-side assert (710) and an out-of-memory (2) are the real thing: an
-    out-of-bounds index run on the device, an allocation larger than the device; any other code,
-    and every code on a CPU, is a ``torch.AcceleratorError`` with that ``error_code`` (torch 2.8
-    on; before, a plain ``RuntimeError``, which carries no code)."""
+    out-of-bounds index run on the device, an allocation larger than the device. Otherwise the
+    exception torch raises for it: ``torch.OutOfMemoryError`` for 2, and for any other code a
+    ``torch.AcceleratorError`` with that ``error_code`` (torch 2.8 on; before, a plain
+    ``RuntimeError``, which carries no code)."""
     number = int(code.removeprefix("CUDA-"))
     if torch.cuda.is_initialized() and number in (710, 2):  # type: ignore[no-untyped-call]
         try:
@@ -174,11 +185,13 @@ def _device_error(code: str, where: str) -> BaseException:
             torch.cuda.synchronize()
         except Exception as e:  # the runtime's own error, raised where the step runs
             return e
-    accelerator_error = getattr(torch, "AcceleratorError", None)
     message = f"CUDA error {number} (injected in {where})"
+    if number == 2:
+        return torch.OutOfMemoryError(f"CUDA out of memory (injected in {where})")
+    accelerator_error = getattr(torch, "AcceleratorError", None)
     if accelerator_error is None:
         return RuntimeError(message)
-    error: BaseException = accelerator_error(message)
+    error: Exception = accelerator_error(message)
     error.error_code = number  # type: ignore[attr-defined]
     return error
 

@@ -15,9 +15,8 @@ driver's uncorrectable-ECC code. A *sticky* device error (:data:`STICKY`: the CU
 unusable, the uncorrectable-ECC code among them) is never a failed step: the places that catch
 failures raise it again (:func:`is_sticky`), the process ends, and its exit report carries the
 error's code (:func:`device_code`, ``CUDA-710``), which the code table rates.
-``torch.OutOfMemoryError`` is not one: a failed allocation
-leaves memory intact, so it stays the kind of the place that caught it (an update that ran out
-of memory left its state suspect, not corrupt).
+``torch.OutOfMemoryError`` is not one: a failed allocation leaves memory intact; wherever it is
+caught it is :attr:`StepFailure.OUT_OF_MEMORY`, a step that can be redone (``retry``).
 
 Standard library only: torch's error classes are looked up once torch is imported (before
 that, no torch error exists to classify).
@@ -112,8 +111,13 @@ def accelerator_error_code(error: BaseException) -> int | None:
 def failure_kind(error: BaseException, caught_as: StepFailure) -> StepFailure:
     """The kind of a step failed by ``error``, caught where failures are ``caught_as`` (a
     collective: :attr:`StepFailure.COLLECTIVE`; the optimizer update:
-    :attr:`StepFailure.UPDATE`): a device memory error wherever it is caught."""
-    return StepFailure.DEVICE_MEMORY if is_device_memory_error(error) else caught_as
+    :attr:`StepFailure.UPDATE`): a device memory error, or a failed allocation, wherever it is
+    caught."""
+    if is_device_memory_error(error):
+        return StepFailure.DEVICE_MEMORY
+    if _codes(error)[:1] == [OUT_OF_MEMORY]:
+        return StepFailure.OUT_OF_MEMORY
+    return caught_as
 
 
 @dataclass(frozen=True)

@@ -406,8 +406,10 @@ class Recovery:
         # A step whose update ran before a later collective failed was committed.
         step = self._step if failure is not None and not self._updated else committed
         rank = self.rank
-        if self._failure_code() is StepFailure.DEVICE_MEMORY:
-            self._suspect = True  # corrupt memory: never a replica source, always repaired
+        if self._failure_code() in (StepFailure.DEVICE_MEMORY, StepFailure.OUT_OF_MEMORY):
+            # Corrupt memory, or a step cut short where it failed to allocate: never a replica
+            # source, always repaired.
+            self._suspect = True
         if failure is not None and self._updated:
             what = f"a collective after step {self._step}'s update failed ({failure.reason})"
         elif failure is not None:

@@ -144,9 +144,11 @@ def test_a_device_error_has_its_code_and_stickiness_from_the_object(
 
 
 @pytest.mark.usefixtures("fake_torch_oom")
-def test_out_of_memory_is_code_2_and_not_sticky() -> None:
+@pytest.mark.parametrize("caught_as", CAUGHT)
+def test_out_of_memory_is_code_2_not_sticky_and_a_step_to_redo(caught_as: StepFailure) -> None:
     error = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert device_code(error) == "CUDA-2" and not is_sticky(error)
+    assert failure_kind(error, caught_as) is StepFailure.OUT_OF_MEMORY
 
 
 @pytest.mark.usefixtures("fake_torch_oom")
