@@ -41,6 +41,7 @@ from typing import Any, assert_never
 
 from unbroken.agent.children import reap_orphans
 from unbroken.agent.env import CONTROL_VARS, rank_env
+from unbroken.agent.gpumem import GpuMemory, pod_gpus
 from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.planes import (
@@ -196,6 +197,8 @@ class ManagedAgent:
         self._plane_watch = PlaneWatch(planes) if planes else None
         start = os.environ.get(START_PLANE_VAR, "")
         self.plane = start if start in self._ifnames else planes[0].name if planes else ""
+        # The pod's GPUs: a replacement waits there for its predecessor's device memory.
+        self._gpu_memory = GpuMemory(pod_gpus(os.environ))
 
     # ---- control plane ----------------------------------------------------------------
     def _send(self, report: Report) -> dict[str, Any]:
@@ -286,6 +289,7 @@ class ManagedAgent:
         return proc
 
     def _start_ranks(self, generation: int) -> None:
+        waited = self._gpu_memory.wait_freed(p.pid for p in self.ranks.values())
         self.generation = generation
         self.done.clear()
         self.ranks.clear()
@@ -298,7 +302,9 @@ class ManagedAgent:
         for local in range(self.args.nproc_per_node):
             self._start_rank(local, generation, join=False)
         self._zygote_at = time.monotonic() + 30.0  # a zygote that died is replaced then
-        self._announce(lambda pids: RanksStarted(pids=pids, started_at=self._started_at()))
+        self._announce(
+            lambda pids: RanksStarted(pids=pids, started_at=self._started_at(), device_wait=waited)
+        )
 
     def _started_at(self) -> float:
         return max(p.started_at for p in self.ranks.values())
@@ -335,11 +341,14 @@ class ManagedAgent:
         if order.plane in self._ifnames:
             self.plane = order.plane  # the replacements below start on it too
         self.args = dataclasses.replace(self.args, master_port=order.master_port)
+        ended = [old.pid for r in replace if (old := self.ranks.get(r)) is not None]
         for rank in replace:
             old = self.ranks.get(rank)
             if old is not None and old.alive:
                 self._expected_exit.add(old.pid)
                 old.kill()
+        waited = self._gpu_memory.wait_freed(ended)  # the GPUs' memory of the ended ones
+        for rank in replace:
             self._start_rank(
                 rank - self.args.global_rank(0), self.generation, join=True, world=order.world
             )
@@ -356,7 +365,9 @@ class ManagedAgent:
             self._unannounced = None
             return
         self._announce(
-            lambda pids: RanksRejoined(pids=pids, joined=replace, started_at=self._started_at())
+            lambda pids: RanksRejoined(
+                pids=pids, joined=replace, started_at=self._started_at(), device_wait=waited
+            )
         )
 
     def _announce(self, report: Callable[[dict[int, int]], Report]) -> None:
@@ -774,20 +785,7 @@ def _milestones(progress: tuple[RankProgress, ...]) -> tuple[tuple[Any, ...], ..
         if r is None:
             out.append((p.rank, p.pid, p.alive))
             continue
-        out.append(
-            (
-                p.rank,
-                p.pid,
-                p.alive,
-                r.phase,
-                r.generation,
-                r.comm_ready_at,
-                r.state_loaded_at,
-                r.first_commit_at,
-                r.failed_step,
-                r.command_seq,
-                r.dumped_at,
-                r.dump_failed_at,
-            )
-        )
+        marks = (r.phase, r.generation, r.failed_step, r.command_seq, r.dump_failed_at)
+        stamps = (r.comm_ready_at, r.state_loaded_at, r.first_commit_at, r.dumped_at)
+        out.append((p.rank, p.pid, p.alive, *marks, *stamps))
     return tuple(out)

@@ -124,6 +124,19 @@ class PodPlaced(Event):
 
 
 @dataclass(frozen=True)
+class DeviceMemoryFreed(Event):
+    """Before starting processes on GPUs that the processes they replace used, the pod's
+    agent waited until the driver had freed those processes' device memory (``waited_s``;
+    ``freed`` False: it gave up at its bound and started them anyway)."""
+
+    pod: str
+    ranks: tuple[int, ...]
+    gpus: tuple[int, ...]
+    waited_s: float
+    freed: bool = True
+
+
+@dataclass(frozen=True)
 class ProcessesStarted(Event):
     """A pod's agent started (or restarted) training processes for these ranks."""
 

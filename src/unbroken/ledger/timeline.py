@@ -13,6 +13,7 @@ decide          -> first ``DecisionMade``
 last_words      -> ``CheckpointSaved`` of the last words (``dump``)
 stop            -> last ``PodsStopped``
 place           -> last ``PodPlaced``
+device_memory   -> last ``DeviceMemoryFreed`` (a GPU's memory of the processes replaced)
 processes       -> last ``ProcessesStarted``
 communication   -> last ``CommunicationReady``
 state           -> last ``StateLoaded``
@@ -37,6 +38,7 @@ from unbroken.ledger.events import (
     CheckpointSaved,
     CommunicationReady,
     DecisionMade,
+    DeviceMemoryFreed,
     FaultDetected,
     FirstStepCommitted,
     JobFailed,
@@ -55,6 +57,7 @@ PHASES: tuple[str, ...] = (
     "last_words",
     "stop",
     "place",
+    "device_memory",
     "processes",
     "communication",
     "state",
@@ -65,6 +68,7 @@ PHASES: tuple[str, ...] = (
 _PHASE_OF_KIND: dict[str, str] = {
     PodsStopped.kind: "stop",
     PodPlaced.kind: "place",
+    DeviceMemoryFreed.kind: "device_memory",
     ProcessesStarted.kind: "processes",
     CommunicationReady.kind: "communication",
     StateLoaded.kind: "state",

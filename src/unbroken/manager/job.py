@@ -37,6 +37,7 @@ from unbroken.chaos.injector import Injector, due
 from unbroken.faults import CodeTable, Fault
 from unbroken.ledger import (
     CommunicationReady,
+    DeviceMemoryFreed,
     FirstStepCommitted,
     JobFailed,
     JobStopped,
@@ -588,17 +589,13 @@ class JobManager:
             self.milestones.touch(rank)
         # A rejoin keeps the healthy processes: only replacements are started processes.
         started = sorted(pids) if isinstance(event, RanksStarted) else sorted(event.joined)
+        if started and (wait := event.device_wait) is not None:  # the ended ones' GPU memory
+            freed = DeviceMemoryFreed(pod.pod, tuple(started), wait.gpus, wait.waited_s, wait.freed)
+            self.ledger.record(freed, at=wait.freed_at)
         if started:
-            self.ledger.record(
-                ProcessesStarted(
-                    pod=pod.pod,
-                    node=pod.node,
-                    ranks=tuple(started),
-                    pids=tuple(pids[r] for r in started),
-                    generation=gen,
-                ),
-                at=event.started_at,
-            )
+            ranks = tuple(started)
+            began = ProcessesStarted(pod.pod, pod.node, ranks, tuple(pids[r] for r in ranks), gen)
+            self.ledger.record(began, at=event.started_at)
         if self.incidents.replacement_started(pod.pod):
             at = self.clock()
             ready = ReplacementReady(pod=pod.pod, at=at, generation=self.gens.rung_of(gen))

@@ -139,6 +139,19 @@ class RanksStarted:
 
     pids: Mapping[int, int]
     started_at: float
+    device_wait: DeviceWait | None = None
+
+
+@dataclass(frozen=True)
+class DeviceWait:
+    """The agent waited for the device memory of the processes it replaced to be freed before
+    starting their successors (:mod:`unbroken.agent.gpumem`): until ``freed_at``, ``waited_s``
+    in all; ``freed`` False when it gave up at its bound."""
+
+    gpus: tuple[int, ...]
+    freed_at: float
+    waited_s: float
+    freed: bool = True
 
 
 @dataclass(frozen=True)
@@ -151,6 +164,7 @@ class RanksRejoined:
     pids: Mapping[int, int]
     joined: tuple[int, ...]
     started_at: float
+    device_wait: DeviceWait | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +269,21 @@ def _failure_name(failure: StepFailure) -> str:
 _FAILURES = {_failure_name(f): f for f in StepFailure}
 
 
+def _device_wait(body: Mapping[str, Any], what: str) -> DeviceWait | None:
+    raw = body.get("device_wait")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what}: field device_wait={show(raw)} is not an object")
+    inner = f"{what}.device_wait"
+    return DeviceWait(
+        gpus=integers(raw, "gpus", inner, 0, 1 << 16),
+        freed_at=number(raw, "freed_at", inner),
+        waited_s=number(raw, "waited_s", inner),
+        freed=flag(raw, "freed", inner, default=True),
+    )
+
+
 def method_of(report: Report) -> str:
     """The unary method a report travels by."""
     match report:
@@ -310,6 +339,8 @@ def encode_report(sender: Sender, report: Report) -> JsonObj:
             body["pids"] = {str(r): p for r, p in report.pids.items()}
             body["joined"] = list(report.joined) if isinstance(report, RanksRejoined) else []
             body["started_at"] = report.started_at
+            if report.device_wait is not None:
+                body["device_wait"] = dataclasses.asdict(report.device_wait)
         case RankFailed():
             body.update(dataclasses.asdict(report))
             body["failure"] = _failure_name(report.failure)
@@ -441,13 +472,16 @@ def _event(body: Mapping[str, Any], what: str) -> Event:
     match name:
         case "ranks-started":
             return RanksStarted(
-                pids=_rank_pids(body, what), started_at=number(body, "started_at", what)
+                pids=_rank_pids(body, what),
+                started_at=number(body, "started_at", what),
+                device_wait=_device_wait(body, what),
             )
         case "ranks-rejoined":
             return RanksRejoined(
                 pids=_rank_pids(body, what),
                 joined=integers(body, "joined", what, 0, RANK_MAX),
                 started_at=number(body, "started_at", what),
+                device_wait=_device_wait(body, what),
             )
         case "rank-exited":
             return RankExited(
@@ -707,6 +741,7 @@ __all__ = [
     "AgentHeartbeat",
     "AgentHello",
     "CutPlane",
+    "DeviceWait",
     "EndRanks",
     "Event",
     "HelloAnswer",

@@ -8,7 +8,7 @@ it (write a temporary file, then rename)::
     {"gpus": 2,
      "devices": {"1": {"ecc_uncorrected": 3, "remapped_rows": [0, 0, 1, 0],
                        "clock_reasons": 8, "pcie_replays": 0, "nvlink": [[1, 0, 0, 0, 0]],
-                       "lost": false, "unsupported": ["pcie"]}},
+                       "lost": false, "unsupported": ["pcie"], "processes": [4242]}},
      "xids": [{"gpu": 1, "xid": 79}]}
 
 A device missing from ``devices`` reads all zeros with no NVLink ("Not Supported"). Each entry of
@@ -168,6 +168,17 @@ def nvmlDeviceGetNvLinkErrorCounter(handle: int, link: int, counter: int) -> int
     _record("nvmlDeviceGetNvLinkErrorCounter")
     links = _device(handle).get("nvlink") or []
     return int(links[link][1 + counter])
+
+
+class c_nvmlProcessInfo_t:
+    def __init__(self, pid: int, used: int) -> None:
+        self.pid = pid
+        self.usedGpuMemory = used
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[c_nvmlProcessInfo_t]:
+    _record("nvmlDeviceGetComputeRunningProcesses")
+    return [c_nvmlProcessInfo_t(int(pid), 1 << 30) for pid in _value(handle, "processes", [])]
 
 
 def nvmlEventSetCreate() -> int:

@@ -18,6 +18,7 @@ from unbroken.ledger import (
     DecisionMade,
     DecodeError,
     DeviceIsolated,
+    DeviceMemoryFreed,
     DeviceReset,
     DeviceResetStarted,
     DeviceReturned,
@@ -101,6 +102,7 @@ ONE_OF_EACH: tuple[Event, ...] = (
     NodeDeprioritised(node="node-2", reason="sub-healthy: 80E20207"),
     DeviceResetStarted(node="node-1", device=1, code="80E18005", reset_s=2.0),
     DeviceReset(node="node-1", device=1, took_s=2.4),
+    DeviceMemoryFreed(pod="job-worker-0", ranks=(3,), gpus=(1,), waited_s=0.4, freed=True),
     RecoveryCompleted(
         fault_id="f-1", strategy="recover-in-place", generation=1, step=111, phases_s={"x": 1.5}
     ),

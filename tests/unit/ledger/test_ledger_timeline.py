@@ -66,6 +66,7 @@ def test_rescheduling_incident_phases_mttr_and_recomputed_steps() -> None:
         "last_words": None,
         "stop": 0.5,
         "place": 0.3,
+        "device_memory": None,
         "processes": 1.7,
         "communication": 0.5,
         "state": 0.2,
@@ -97,6 +98,26 @@ def test_last_words_are_a_phase_and_the_resumed_step_is_theirs() -> None:
     assert inc.duration_s("last_words") == pytest.approx(0.4)
     assert inc.duration_s("stop") == pytest.approx(0.1)
     assert inc.steps_recomputed == 0
+    assert sum(p.duration_s or 0.0 for p in inc.phases) == pytest.approx(inc.mttr_s)
+
+
+def test_a_wait_for_device_memory_is_a_phase_before_the_processes() -> None:
+    """``recover-in-place`` on a GPU: the agent waits for the dead process's device memory, then
+    starts its successor; the wait is its own phase, and the process start is what follows."""
+    (inc,) = incidents(
+        _records(
+            (50.02, "FaultDetected", _fault("f-2", 50.0, step=40)),
+            (50.03, "DecisionMade", {"strategy": "recover-in-place"}),
+            (50.43, "DeviceMemoryFreed", {"pod": "w-0", "ranks": [1], "waited_s": 0.4}),
+            (50.6, "ProcessesStarted", {"pod": "w-0"}),
+            (51.0, "CommunicationReady", {"generation": 1}),
+            (51.2, "StateLoaded", {"generation": 1, "step": 40, "source": "replica"}),
+            (51.5, "FirstStepCommitted", {"generation": 1, "step": 41}),
+            (51.5, "RecoveryCompleted", {"fault_id": "f-2"}),
+        )
+    )
+    assert inc.duration_s("device_memory") == pytest.approx(0.4)
+    assert inc.duration_s("processes") == pytest.approx(0.17)
     assert sum(p.duration_s or 0.0 for p in inc.phases) == pytest.approx(inc.mttr_s)
 
 

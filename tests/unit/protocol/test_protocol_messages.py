@@ -17,6 +17,7 @@ from unbroken.protocol.messages import (
     REPORT,
     AgentHeartbeat,
     AgentHello,
+    DeviceWait,
     EndRanks,
     HelloAnswer,
     JoinFrom,
@@ -75,6 +76,12 @@ REPORTS: list[Report] = [
     ),
     RanksStarted(pids={2: 77, 3: 78}, started_at=1767225590.0),
     RanksRejoined(pids={2: 77, 3: 79}, joined=(3,), started_at=1767225601.0),
+    RanksRejoined(
+        pids={2: 77, 3: 80},
+        joined=(3,),
+        started_at=1767225602.0,
+        device_wait=DeviceWait(gpus=(1,), freed_at=1767225601.9, waited_s=0.35),
+    ),
     RankExited(
         rank=3,
         pid=78,
