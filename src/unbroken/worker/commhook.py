@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from unbroken.protocol.kinds import StepFailure
-from unbroken.worker import torchapi
+from unbroken.worker import devicetime, torchapi
 from unbroken.worker.failure import SyncFailure, is_sticky
 from unbroken.worker.opretry import OpRetrier, wait_all
 from unbroken.worker.torchapi import GradBucket, ProcessGroupGloo
@@ -235,6 +235,7 @@ class GradSync:
     def _on_bucket(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         if bucket.is_last():
             self.backward_done_at = time.monotonic()
+            devicetime.mark()  # and on the device, where the rank trains on a GPU
         if self.op_retry is not None:
             return self._reduce_retrying(bucket)
         if self.fixed_buckets:

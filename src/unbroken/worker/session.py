@@ -51,7 +51,7 @@ import torch.distributed as dist
 from unbroken.checkpoint.checkpointer import Checkpointer, CheckpointError, Restored
 from unbroken.protocol.exitreport import ExitReport, is_collective_error_text, write_exit_report
 from unbroken.protocol.kinds import StepFailure
-from unbroken.worker import agreement, forks, rng, vranks, warmstart
+from unbroken.worker import agreement, devicetime, forks, rng, vranks, warmstart
 from unbroken.worker.agreement import ReplicasDiverged
 from unbroken.worker.chaos import RankChaos, install_signal_fault
 from unbroken.worker.data import Batches
@@ -127,8 +127,11 @@ class Session:
         self._step_time_s = 0.0
         self._step_began = 0.0
         # Start of the step -> entering its gradient collective: the part a rank computes alone
-        # (in lockstep training the whole step takes the slowest rank's time on every rank).
+        # (in lockstep training the whole step takes the slowest rank's time on every rank);
+        # on a GPU, its time on the device (unbroken.worker.devicetime).
         self._compute_s = 0.0
+        self._device_clock = devicetime.DeviceClock()
+        self._device_clock.activate()
         self._first_commit = True
         self._closed = False
         self._stop = StopSignal(self._on_stop_request, self._stop_deadline_s)
@@ -339,6 +342,7 @@ class Session:
             self._chaos.before_step(step, self.model, fail, _store_ports())
         self._step_began = time.monotonic()
         self._compute_s = 0.0
+        self._device_clock.begin()
         if self.heartbeat is not None:
             if self._first_commit:
                 self.heartbeat.update(phase=Phase.TRAINING, step=step, step_at=time.time())
@@ -391,6 +395,9 @@ class Session:
             if done > self._step_began:
                 self._compute_s = done - self._step_began
                 comm_s = max(0.0, sync.grads_done_at - done) if sync.grads_done_at else 0.0
+        device_s = self._device_clock.take()
+        if device_s is not None:  # on a GPU: the compute's time on the device, not queueing's
+            self._compute_s = device_s
         self._committed = step + 1
         if self._first_commit:
             self._step_time_s = elapsed_s

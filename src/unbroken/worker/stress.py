@@ -89,18 +89,23 @@ class SimDevice:
 
 
 def device_checksum(device: SimDevice | None) -> str:
-    """The device check's checksum on ``device`` (None: a device that computes right)."""
+    """The device check's checksum on ``device`` (None: a device that computes right), computed
+    on the rank's own device: its current GPU where it trains on one (its checksum is compared
+    with the one it computed there at its start), else the CPU."""
     corrupt = device is not None and device.silently_faulty()
     g = torch.Generator().manual_seed(DEVICE_SEED)
     a = torch.randn(DEVICE_SIZE, DEVICE_SIZE, generator=g, dtype=torch.float64)
     x = torch.randn(DEVICE_SIZE, DEVICE_SIZE, generator=g, dtype=torch.float64)
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        on = torch.device("cuda", torch.cuda.current_device())
+        a, x = a.to(on), x.to(on)
     for i in range(_PRODUCTS):
         x = (a @ x) / DEVICE_SIZE**0.5
         if corrupt:
             bits = x.view(-1).view(torch.int64)
             k = (DEVICE_SEED + i) % bits.numel()
             bits[k] = bits[k] ^ (1 << 30)
-    return hashlib.sha256(x.contiguous().numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(x.cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def run_stress(
