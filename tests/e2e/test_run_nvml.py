@@ -54,15 +54,20 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
     """Once the job has committed step 5, GPU 3 (device 1 of node-1: rank 3's) reports Xid 79.
     The event is seen at once (not at the next poll), the level is SeparateNPU: the device is
     isolated, the pod moves to the spare node (``recover``), and the job ends with the
-    fault-free model."""
+    fault-free model. Then node-1's idle GPU 2 reports Xid 48: with ``hotReset: 2`` the
+    operator's reset command runs for it, and it returns to the pool."""
     job = write_job(
         tmp_path / "job.yaml",
         job=FIXTURES / "process-recover.yaml",
         replace={STEP_SLEEP: "--step-sleep=0.2"},
     )
-    running = start_job(
-        run_dir, tmp_path / "logs", "--cluster", FIXTURES / "cluster-nvml.yaml", job=job
+    resets = tmp_path / "resets"
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        (FIXTURES / "cluster-nvml.yaml").read_text()
+        + f"  hotReset: 2\n  resetCommand: sh -c 'echo {{gpu}} >> {resets}'\n"
     )
+    running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, job=job)
     try:
 
         def at_step(step: int) -> bool:
@@ -77,6 +82,12 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
         )  # fmt: skip
         assert refused.rc != 0 and "would never be read" in refused.stderr, refused.explain()
         write_state(nvml_state, gpus=6, xids=[{"gpu": 3, "xid": 79}])
+        wait_for(lambda: bool(of_kind(events(run_dir), "RecoveryCompleted")), "recovery", 120.0)
+        # Node-1 is idle now; its GPU 2 (device 0) reports a double-bit ECC error: RestartNPU,
+        # so with hotReset 2 the operator's command resets it, and it returns to the pool.
+        xids = [{"gpu": 3, "xid": 79}, {"gpu": 2, "xid": 48}]
+        write_state(nvml_state, gpus=6, xids=xids)
+        wait_for(lambda: bool(of_kind(events(run_dir), "DeviceReset")), "the reset", 60.0)
         done = running.wait()
     finally:
         running.stop()
@@ -90,10 +101,16 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
     # Seen from the event, not at the next poll (every 30 s): the event's time to the ledger's.
     assert fault["at"] - fault["occurred_at"] < 3.0, fault
     isolated = [(e["node"], e["device"]) for e in of_kind(evs, "DeviceIsolated")]
-    assert isolated == [("node-1", 1)], isolated
+    assert isolated == [("node-1", 1), ("node-1", 0)], isolated
     (decision,) = of_kind(evs, "DecisionMade", fault_id=fault["fault_id"])
     assert decision["strategy"] == "recover", decision
     assert of_kind(evs, "RecoveryCompleted", fault_id=fault["fault_id"])
+    # The idle GPU's fault: nothing of the job stopped; reset by the command, back in the pool.
+    assert of_kind(evs, "IdleDeviceFault", node="node-1", device=0, code="XID-48")
+    assert of_kind(evs, "DeviceResetStarted", node="node-1", device=0, code="XID-48")
+    assert of_kind(evs, "DeviceReset", node="node-1", device=0)
+    assert of_kind(evs, "DeviceReturned", node="node-1", device=0)
+    assert resets.read_text().split() == ["2"]
 
 
 def test_validate_refuses_nvml_where_nvml_cannot_start(tmp_path: Path) -> None:

@@ -277,6 +277,7 @@ def _run_in(
         code_table=args.codes,
         offline_reset=cluster.hot_reset is HotReset.OFFLINE,
         device_provider=cluster.device_plugin.provider,
+        reset_command=cluster.device_plugin.reset_command,
         gpus=gpus,
     )
     opts = ManagerOptions(

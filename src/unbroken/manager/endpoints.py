@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from unbroken.devices import DeviceStateError, DeviceWatcher, HealthProvider, SimProvider
-from unbroken.devices.nvml import NvmlProvider, load_nvml, slots_on_gpus
+from unbroken.devices.gpureset import GpuResetter
+from unbroken.devices.nvml import NvmlProvider, gpu_of_slot, load_nvml, slots_on_gpus
+from unbroken.devices.sim import Reset
 from unbroken.ledger import Ledger
 from unbroken.manager.context import Context
 from unbroken.manager.engine import Engine, ManagerError
@@ -70,6 +72,7 @@ class Endpoints:
         self.web: WebEndpoint | None = None
         self.watcher: DeviceWatcher | None = None
         self.nvml: NvmlProvider | None = None
+        self.resetter: GpuResetter | None = None
 
     def open(self, secret: str, engine: Engine) -> str:
         """Open them all, the server where the engine listens (its joined hosts' registry
@@ -111,6 +114,8 @@ class Endpoints:
                 nvml = load_nvml()
                 slots = slots_on_gpus(cl.nodes, cl.devices_per_node, cl.gpus)
                 self.nvml = NvmlProvider(slots, ctx.codes.judge, nvml)
+                if cl.reset_command:
+                    self.resetter = GpuResetter(cl.reset_command, self._gpu_reset, ctx.console.line)
             except (DeviceStateError, ValueError) as exc:
                 raise ManagerError(f"devicePlugin.provider nvml: {exc}") from None
             provider = self.nvml
@@ -130,7 +135,25 @@ class Endpoints:
             self.nvml.listen(self.watcher.wake)
         return address
 
+    def _gpu_reset(self, gpu: int) -> None:
+        """A GPU was reset: its latched fault is gone, and the watcher looks at once."""
+        if self.nvml is not None:
+            self.nvml.reset(gpu)
+        if self.watcher is not None:
+            self.watcher.wake()
+
+    def reset_gpu(self, node: str, device: int, code: str, now: float) -> Reset | None:
+        """``hotReset: 2`` on NVIDIA GPUs: reset the GPU device ``device`` of ``node`` runs on
+        with the configured command (None: this run resets no GPU)."""
+        if self.resetter is None:
+            return None
+        cl = self.ctx.cluster
+        gpu = gpu_of_slot(cl.nodes.index(node), device, cl.devices_per_node, cl.gpus)
+        return self.resetter.reset(gpu, code, now)
+
     def close(self) -> None:
+        if self.resetter is not None:
+            self.resetter.wait(10.0)  # a reset started at the job's end (FreeRestartNPU)
         if self.nvml is not None:
             self.nvml.close()
         if self.watcher is not None:

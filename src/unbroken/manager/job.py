@@ -269,6 +269,7 @@ class JobManager:
         engine.start_image()
         engine.open_store(self.job.master_port or 0)
         engine.control_address = self.endpoints.open(self.secret, engine)
+        self.pool.reset_gpu = self.endpoints.reset_gpu
         self.ledger.record(
             JobSubmitted(
                 job=self.job.job_id,

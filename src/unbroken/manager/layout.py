@@ -92,6 +92,9 @@ class ClusterLayout:
     #: Where device health comes from: ``sim`` or ``nvml`` (this machine's GPUs, laid under the
     #: nodes' device slots by :func:`unbroken.devices.nvml.slots_on_gpus`).
     device_provider: str = "sim"
+    #: ``hotReset: 2`` on ``nvml``: the command that resets one GPU
+    #: (:mod:`unbroken.devices.gpureset`).
+    reset_command: str = ""
     #: The machine's GPUs the device slots run on (NVML indices; :func:`unbroken.devices.nvml
     #: .machine_gpus`), empty where there is none: each pod gets those of its slots as
     #: ``CUDA_VISIBLE_DEVICES``.

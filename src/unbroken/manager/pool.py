@@ -14,7 +14,7 @@ pods on a copy of the cluster with the faults' nodes and devices out: nothing ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unbroken.devices import (
@@ -63,6 +63,9 @@ class Pool:
         self.resetting: dict[tuple[str, int], Reset] = {}
         #: ``FreeRestartNPU`` devices to reset once idle, with their fault's code.
         self.reset_when_idle: dict[tuple[str, int], str] = {}
+        #: On NVIDIA GPUs: what resets the GPU a device slot runs on (the run's endpoints set it:
+        #: :meth:`unbroken.manager.endpoints.Endpoints.reset_gpu`).
+        self.reset_gpu: Callable[[str, int, str, float], Reset | None] | None = None
 
     # ---- placement ----------------------------------------------------------------------
     def wanted(self, pods: Sequence[str]) -> list[Pod]:
@@ -328,7 +331,12 @@ class Pool:
             return
         reset_s = self.ctx.cluster.reset_s
         try:
-            reset = reset_device(self.ctx.sim_dir, node, device, now, reset_s)
+            if self.ctx.cluster.device_provider == "sim":
+                reset = reset_device(self.ctx.sim_dir, node, device, now, reset_s)
+            elif self.reset_gpu is not None and (gpu := self.reset_gpu(node, device, code, now)):
+                reset, reset_s = gpu, gpu.until - now  # the command's bound
+            else:
+                raise ValueError("this run has no reset command for its GPUs")
         except (ValueError, DeviceStateError) as exc:
             self.ctx.console.line(f"device {device} of {node} not reset: {exc}")
             return

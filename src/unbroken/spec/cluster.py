@@ -76,6 +76,8 @@ class DevicePlugin:
     #: Where device health comes from: ``sim`` (faults injected by hand, the embedded cluster's
     #: default) or ``nvml`` (this machine's NVIDIA GPUs, :mod:`unbroken.devices.nvml`).
     provider: str = "sim"
+    #: ``hotReset: 2`` on ``nvml``: the command that resets one GPU, ``{gpu}`` its NVML index.
+    reset_command: str = ""
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,7 @@ def _device_plugin(
                 else:
                     problems.error(item.line, item.path, "expected a string")
         return _from_args(texts, block.path, problems)
-    allowed_keys = ("hotReset", "listWatchPeriod", "autoStowing", "provider")
+    allowed_keys = ("hotReset", "listWatchPeriod", "autoStowing", "provider", "resetCommand")
     lines: dict[str, int] = {}
     for key, child in block.items.items():
         lines[key] = child.line
@@ -326,8 +328,41 @@ def _device_plugin(
         list_watch_period_s=float(period) if period is not None else LIST_WATCH_PERIOD_S_DEFAULT,
         auto_stowing=stowing if stowing is not None else True,
         provider=_provider(block.get("provider"), problems),
+        reset_command=_reset_command(block.get("resetCommand"), problems),
     )
+    if (
+        plugin.provider == "nvml"
+        and plugin.hot_reset is HotReset.OFFLINE
+        and not plugin.reset_command
+    ):
+        problems.error(
+            lines.get("hotReset"),
+            "devicePlugin.resetCommand",
+            "hotReset 2 on NVIDIA GPUs needs the command that resets one GPU",
+            allowed=_RESET_ALLOWED,
+            show_value=False,
+        )
     return plugin, lines
+
+
+_RESET_ALLOWED = "a command with {gpu} for the GPU's index, e.g. 'nvidia-smi --gpu-reset -i {gpu}'"
+
+
+def _reset_command(node: YamlNode | None, problems: Problems) -> str:
+    """``resetCommand``: a command line with ``{gpu}`` where the GPU's NVML index goes."""
+    if node is None:
+        return ""
+    value = node.value if isinstance(node, Scalar) else None
+    if not isinstance(value, str) or "{gpu}" not in value or not value.split():
+        problems.error(
+            node.line,
+            node.path,
+            "a reset command names the GPU it resets",
+            value=value,
+            allowed=_RESET_ALLOWED,
+        )
+        return ""
+    return value
 
 
 PROVIDERS = ("sim", "nvml")

@@ -165,3 +165,48 @@ def test_bad_cluster_files(tmp_path: Path, text: str, message: str) -> None:
 def test_no_spare_node_for_recover_warns(tmp_path: Path) -> None:
     cluster = load_cluster(write(tmp_path, "nodes: 3\n"), job())
     assert any("no spare node" in w for w in cluster.warnings)
+
+
+@pytest.fixture
+def scripted_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML answers (tests/support/fakenvml, one GPU), as on a GPU machine."""
+    import importlib.util
+    import sys
+
+    state = tmp_path / "nvml.json"
+    state.write_text('{"gpus": 1}')
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    fake = Path(__file__).parents[2] / "support" / "fakenvml" / "pynvml.py"
+    spec = importlib.util.spec_from_file_location("pynvml", fake)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+
+
+@pytest.mark.usefixtures("scripted_nvml")
+def test_nvml_with_a_reset_command(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "devicePlugin:\n  provider: nvml\n  hotReset: 2\n"
+        "  resetCommand: nvidia-smi --gpu-reset -i {gpu}\n",
+    )
+    plugin = load_cluster(path, job()).device_plugin
+    assert (plugin.provider, plugin.reset_command) == ("nvml", "nvidia-smi --gpu-reset -i {gpu}")
+
+
+@pytest.mark.usefixtures("scripted_nvml")
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        ("  provider: nvml\n  hotReset: 2\n", "hotReset 2 on NVIDIA GPUs needs the command"),
+        ("  provider: nvml\n  resetCommand: nvidia-smi -r\n", "names the GPU it resets"),
+        ("  provider: dcgm\n", "unknown device health provider"),
+    ],
+)
+def test_a_gpu_plugin_without_what_it_needs_is_refused(
+    tmp_path: Path, plugin: str, message: str
+) -> None:
+    path = write(tmp_path, "devicePlugin:\n" + plugin)
+    with pytest.raises(SpecError, match=message):
+        load_cluster(path, job())
