@@ -55,7 +55,8 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
     The event is seen at once (not at the next poll), the level is SeparateNPU: the device is
     isolated, the pod moves to the spare node (``recover``), and the job ends with the
     fault-free model. Then node-1's idle GPU 2 reports Xid 48: with ``hotReset: 2`` the
-    operator's reset command runs for it, and it returns to the pool."""
+    operator's reset command runs for it; healthy again, it stays out of the pool
+    (``autoStowing: false``) until ``unbroken release`` returns it."""
     job = write_job(
         tmp_path / "job.yaml",
         job=FIXTURES / "process-recover.yaml",
@@ -66,6 +67,7 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
     cluster.write_text(
         (FIXTURES / "cluster-nvml.yaml").read_text()
         + f"  hotReset: 2\n  resetCommand: sh -c 'echo {{gpu}} >> {resets}'\n"
+        + "  autoStowing: false\n"
     )
     running = start_job(run_dir, tmp_path / "logs", "--cluster", cluster, job=job)
     try:
@@ -88,6 +90,12 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
         xids = [{"gpu": 3, "xid": 79}, {"gpu": 2, "xid": 48}]
         write_state(nvml_state, gpus=6, xids=xids)
         wait_for(lambda: bool(of_kind(events(run_dir), "DeviceReset")), "the reset", 60.0)
+        # autoStowing false: healthy again, it stays out until an operator returns it.
+        held = "device 0 of node-1 reports healthy; it stays out of the pool until released"
+        wait_for(lambda: held in running.output()[0], "the hold", 30.0)
+        released = unbroken("release", "--node", "node-1", "--device", "0", "--run", run_dir)
+        assert released.rc == 0, released.explain()
+        assert "device 0 of node-1 back in the pool" in released.stdout, released.explain()
         done = running.wait()
     finally:
         running.stop()
@@ -109,7 +117,8 @@ def test_an_xid_79_moves_the_pod_of_the_gpu_that_fell_off_the_bus(
     assert of_kind(evs, "IdleDeviceFault", node="node-1", device=0, code="XID-48")
     assert of_kind(evs, "DeviceResetStarted", node="node-1", device=0, code="XID-48")
     assert of_kind(evs, "DeviceReset", node="node-1", device=0)
-    assert of_kind(evs, "DeviceReturned", node="node-1", device=0)
+    returned = of_kind(evs, "DeviceReturned", node="node-1", device=0)
+    assert [e["reason"] for e in returned] == ["released by an operator"], returned
     assert resets.read_text().split() == ["2"]
 
 
