@@ -84,7 +84,15 @@ def _tensors_under(metadata: Metadata, prefix: str) -> dict[str, torch.Tensor]:
 
 def _staged(value: Any) -> Any:
     """A copy of a state dict whose tensors are detached clones (a ``DTensor`` clones into a
-    ``DTensor``): what the background write reads while the training changes the originals."""
+    ``DTensor``): what the background write reads while the training changes the originals.
+    A plain tensor on a GPU is copied to pinned host memory instead, asynchronously (the copy is
+    queued on the current stream before the next step's kernels, so it reads the committed
+    state; :func:`_staging_done` is what the write waits for): no second copy of the state on the
+    device, and no stall of the step."""
+    if isinstance(value, torch.Tensor) and value.device.type == "cuda" and _plain(value):
+        host = torch.empty_like(value, device="cpu", pin_memory=True)
+        host.copy_(value.detach(), non_blocking=True)
+        return host
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, Mapping):
@@ -92,6 +100,21 @@ def _staged(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_staged(v) for v in value)
     return value
+
+
+def _plain(tensor: torch.Tensor) -> bool:
+    """Not a tensor subclass (a ``DTensor`` keeps its mesh: it is cloned where it is)."""
+    return type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
+
+
+def _staging_done() -> Callable[[], None]:
+    """What the background write calls before it reads the staged state: a wait for the
+    device-to-host copies queued so far (nothing without CUDA)."""
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return lambda: None
+    copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    copied.record()
+    return copied.synchronize
 
 
 class CheckpointError(RuntimeError):
@@ -189,11 +212,12 @@ class Checkpointer:
         if shared:
             state[_SHARED] = dict(shared)
         staged = _staged(state)  # the training goes on changing the live tensors
+        copied = _staging_done()
         done: Future[int] = Future()
         pending = _Pending(step, path, done)
         thread = threading.Thread(
             target=self._write,
-            args=(pending, staged, self.pg, self.rank, self.world_size),
+            args=(pending, staged, self.pg, self.rank, self.world_size, copied),
             name=f"unbroken-ckpt-{step}",
             daemon=True,  # an abandoned save stuck on a lost peer must not hold the exit
         )
@@ -207,8 +231,10 @@ class Checkpointer:
         pg: dist.ProcessGroup | None,
         rank: int,
         world_size: int,
+        copied: Callable[[], None] = lambda: None,
     ) -> None:
         try:
+            copied()  # the staged copies from a GPU have landed in host memory
             metadata = dcp_save(
                 staged, checkpoint_id=pending.path, process_group=pg, no_dist=not self._distributed
             )
