@@ -430,7 +430,11 @@ def describe(
     except StateCodecError as e:
         raise ReplicaError(str(e)) from None
     tensors = [t.contiguous() for t in tensors]
-    table = [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]
+    # The device type too: a receiver allocates what it lacks where the source holds it (its own
+    # GPU for a GPU's tensor), so each tensor's broadcast runs on one backend on every rank.
+    table = [
+        {"dtype": str(t.dtype), "shape": list(t.shape), "device": t.device.type} for t in tensors
+    ]
     description = {
         "format": FORMAT,
         "committed": committed,
@@ -688,7 +692,7 @@ def _receive(
     tensors = [
         target
         if target is not None
-        else torch.empty(spec["shape"], dtype=_dtype(str(spec["dtype"])))
+        else torch.empty(spec["shape"], dtype=_dtype(str(spec["dtype"])), device=_device(spec))
         for target, spec in zip(targets, table, strict=True)
     ]
     moving = [t for t, n in zip(tensors, need, strict=True) if n]
@@ -746,6 +750,14 @@ def _receive(
     except (StateCodecError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ReplicaError(f"the replica's state cannot be loaded here: {e}") from e
     return committed, Moved(sum(t.numel() * t.element_size() for t in moving), data_s)
+
+
+def _device(spec: dict[str, Any]) -> torch.device:
+    """Where a tensor the source holds on ``spec["device"]`` is received into a new buffer:
+    this rank's current GPU for a GPU's tensor, else the CPU."""
+    if spec.get("device") == "cuda" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _targets(
