@@ -12,7 +12,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.support.cli_runs import FIXTURES, Reference, digest, events, of_kind, run_job
+from tests.support.cli_runs import (
+    FIXTURES,
+    Reference,
+    digest,
+    events,
+    of_kind,
+    run_job,
+    write_job,
+)
 from tests.support.process_helpers import rank_pids, recomputed_steps, split_at_fault, started_ranks
 
 pytestmark = [
@@ -51,6 +59,38 @@ def test_a_link_fault_is_re_executed_by_op_retry_without_recovery(
         for log in logs
         for m in re.finditer(r"re-executed \(op retry 1/3, L1\) ([0-9.]+) s after", log.read_text())
     ]
+    assert len(after) == 4 and all(s >= 1.5 for s in after), after
+
+
+def test_a_flapping_link_is_re_executed_after_hold_time_and_interval_time(
+    run_dir: Path, fault_free: Reference, tmp_path: Path
+) -> None:
+    """The link fails again on the first re-execution: every rank's attempt 1 fails, attempt 2
+    succeeds, ``HoldTime`` (0.5 s) after the failure and ``IntervalTime`` (1 s) after attempt 1,
+    and still no recovery happens."""
+    params = "MaxCnt:3, HoldTime:1500, IntervalTime:100"
+    job = write_job(
+        tmp_path / "job.yaml",
+        job=FIXTURES / "job-opretry.yaml",
+        replace={params: "MaxCnt:3, HoldTime:500, IntervalTime:1000"},
+    )
+    res = run_job(run_dir, "--chaos", FIXTURES / "chaos-link-flap.yaml", job=job)
+    assert res.rc == 0, res.explain()
+    assert "step 60/60; 0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
+    assert digest(run_dir) == fault_free.digest
+    evs = events(run_dir)
+    retried = of_kind(evs, "OpRetry")
+    assert sorted(e["rank"] for e in retried) == [0, 1, 2, 3], retried
+    assert {(e["step"], e["attempt"]) for e in retried} == {(20, 2)}, retried
+    assert started_ranks(evs) == [0, 1, 2, 3]
+    logs = [log.read_text() for log in sorted(run_dir.glob("pods/*/logs/rank*.log"))]
+    assert all("op retry 1/3 of step 20 failed" in log for log in logs), logs
+    after = [
+        float(m.group(1))
+        for log in logs
+        for m in re.finditer(r"re-executed \(op retry 2/3, L1\) ([0-9.]+) s after", log)
+    ]
+    # Held 0.5 s before attempt 1, then 1 s between attempts: at least 1.5 s in all.
     assert len(after) == 4 and all(s >= 1.5 for s in after), after
 
 

@@ -8,6 +8,7 @@ faults:
   - {kind: hang, rank: 2, after_s: 12}          # SIGSTOP rank 2, 12 s after the job started
   - {kind: memory, rank: 0, at_step: 70}        # a device memory error corrupts rank 0's state
   - {kind: link, rank: 1, at_step: 30}          # the kernel resets rank 1's links to its peers
+  - {kind: link, rank: 1, at_step: 40, times: 2}  # ...and again on the first re-execution
   - {kind: node, node: node-1, at_step: 60}     # every process of node-1 dies at once
   - {kind: device, node: node-0, device: 1, code: "80E01801", after_s: 5}
   - {kind: sdc, node: node-1, device: 1, at_step: 80}  # device 1 of node-1 computes wrong
@@ -74,6 +75,9 @@ class ChaosFault:
     after_s: float | None = None
     clear: bool = False  # node: the lost node is back; device: the device is healthy again
     cpu: float | None = None  # throttle: the node's share of one CPU (0.01-1.0)
+    #: link: how many times the link fails: the fault, then as many re-executions (op retry) of
+    #: the collective it broke as there are more (a link that flaps).
+    times: int | None = None
 
     @property
     def in_rank(self) -> bool:
@@ -94,7 +98,10 @@ _RANK_KINDS = (
     InjectKind.MEMORY,
     InjectKind.LINK,
 )
-_FIELDS = {"kind", "rank", "pod", "node", "device", "code", "at_step", "after_s", "clear", "cpu"}
+_FIELDS = {
+    *("kind", "rank", "pod", "node", "device", "code", "at_step", "after_s", "clear", "cpu"),
+    "times",
+}
 #: Bounds of the numbers of an entry: a step fits the ledger's int64, a device index the
 #: largest node, and a fault is at most a week into the run.
 MAX_STEP = 2**63 - 1
@@ -232,6 +239,9 @@ def _one(
     rank = _int(e, "rank", 0, MAX_STEP)
     device = _int(e, "device", 0, MAX_DEVICE)
     at_step = _int(e, "at_step", 1, MAX_STEP)
+    times = _int(e, "times", 1, 10)
+    if times is not None and kind is not InjectKind.LINK:
+        raise _Bad("times", f"kind {kind}: times is for link entries (a link that flaps)")
     after = e.get("after_s")
     if after is not None:
         if isinstance(after, bool) or not isinstance(after, int | float):
@@ -292,4 +302,5 @@ def _one(
         after_s=None if after is None else float(after),
         clear=clear,
         cpu=None if cpu is None else float(cpu),
+        times=times,
     )

@@ -37,6 +37,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from unbroken.protocol.kinds import StepFailure
+from unbroken.worker import opretry
 from unbroken.worker.failure import DeviceMemoryError, failure_kind
 from unbroken.worker.linkfault import reset_links
 
@@ -60,6 +61,7 @@ class _Entry:
     kind: str
     at_step: int
     code: str | None = None
+    times: int = 1
 
 
 class RankChaos:
@@ -70,6 +72,10 @@ class RankChaos:
             self.entries.setdefault(e.at_step, []).append(e)
         self.fired_dir = fired_dir
         self.memory_armed = False  # SIGUSR2: a memory error in the next step
+        # A link that flaps: its fault's re-executions still to break (op retry), and the ports
+        # they leave alone.
+        self._flaps = 0
+        self._store_ports: tuple[int, ...] = ()
 
     @staticmethod
     def from_env(rank: int, env: Mapping[str, str]) -> RankChaos | None:
@@ -77,7 +83,13 @@ class RankChaos:
         entries: tuple[_Entry, ...] = ()
         if text and where:
             entries = tuple(
-                _Entry(int(e["index"]), str(e["kind"]), int(e["at_step"]), e.get("code"))
+                _Entry(
+                    int(e["index"]),
+                    str(e["kind"]),
+                    int(e["at_step"]),
+                    e.get("code"),
+                    int(e.get("times") or 1),
+                )
                 for e in json.loads(text)
                 if e.get("rank") == rank and e.get("at_step") is not None
             )
@@ -121,6 +133,7 @@ class RankChaos:
         elif entry.kind == "exception":
             raise InjectedFault(f"injected exception in rank {self.rank} before step {step}")
         elif entry.kind == "link":
+            self._flaps, self._store_ports = entry.times - 1, tuple(store_ports)
             links = reset_links(os.getpid(), exclude_ports=store_ports)
             logger.warning(
                 "rank %d: link fault injected before step %d: %d connection(s) to peers reset (%s)",
@@ -129,6 +142,17 @@ class RankChaos:
                 len(links),
                 ", ".join(c.describe() for c in links),
             )
+
+    def flap(self) -> None:
+        """A re-execution of the collective a flapping link broke is about to run: the link
+        fails again, while flaps are left (:data:`unbroken.worker.opretry.before_attempt`)."""
+        if self._flaps <= 0:
+            return
+        self._flaps -= 1
+        links = reset_links(os.getpid(), exclude_ports=self._store_ports)
+        logger.warning(
+            "rank %d: the link flaps: %d connection(s) to peers reset again", self.rank, len(links)
+        )
 
     def _claim(self, entry: _Entry) -> bool:
         assert self.fired_dir is not None
@@ -202,8 +226,10 @@ def _raise_injected(signum: int, frame: FrameType | None) -> None:
 
 def install_signal_fault(chaos: RankChaos) -> None:
     """SIGUSR1 raises :class:`InjectedFault` in the main thread; SIGUSR2 arms a device memory
-    error for the next step (managed ranks only)."""
+    error for the next step (managed ranks only); a flapping link breaks op retry's
+    re-executions (:meth:`RankChaos.flap`)."""
     signal.signal(signal.SIGUSR1, _raise_injected)
+    opretry.before_attempt = chaos.flap
 
     def arm(signum: int, frame: FrameType | None) -> None:
         chaos.memory_armed = True

@@ -78,6 +78,15 @@ ENABLE = "HCCL_OP_RETRY_ENABLE"
 PARAMS = "HCCL_OP_RETRY_PARAMS"
 
 
+#: Called in each re-execution once its group is built, before the all-reduce runs: the fault
+#: injector's flapping link (:meth:`unbroken.worker.chaos.RankChaos.flap`) breaks it there.
+def _no_fault() -> None:
+    pass
+
+
+before_attempt: Callable[[], None] = _no_fault
+
+
 @dataclass(frozen=True)
 class OpRetrySettings:
     """Op retry for the gradient group: the job's parameters and the group's level."""
@@ -283,6 +292,7 @@ class OpRetrier:
                 try:
                     group = self.group(self._generation(), f"{name}/pg")
                     self._regroup()  # the other groups the fault broke (checkpoints)
+                    before_attempt()
                     for tensor, saved in zip(tensors, inputs, strict=True):
                         tensor.copy_(saved)
                     works.extend(torchapi.gloo_allreduce(group, t) for t in tensors)
@@ -291,6 +301,12 @@ class OpRetrier:
                     raise
                 except Exception as e:
                     error_here = e.with_traceback(None)
+                if error_here is not None:
+                    # This attempt's group goes before the others' word is awaited: its links
+                    # close, so a peer still blocked in the all-reduce with this rank fails now
+                    # rather than at the group's timeout.
+                    group = None
+                    gc.collect()
                 agree(
                     store,
                     error_here,
