@@ -6,14 +6,12 @@ GPU per device slot. The job is 2 pods x 2 ranks of examples/train_mlp.py on glo
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
+from tests.support import nvmlscript
 from tests.support.cli_runs import (
     FIXTURES,
-    REPO,
     STEP_SLEEP,
     Reference,
     digest,
@@ -25,16 +23,11 @@ from tests.support.cli_runs import (
     wait_for,
     write_job,
 )
+from tests.support.nvmlscript import write_state
 
 pytestmark = pytest.mark.e2e
 
-FAKE_NVML = REPO / "tests" / "support" / "fakenvml"
-
-
-def write_state(path: Path, **state: object) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+FAKE_NVML = nvmlscript.FAKE_DIR
 
 
 @pytest.fixture

@@ -3,20 +3,16 @@ scripted NVML (tests/support/fakenvml): until the driver no longer lists them, a
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.support import nvmlscript
 
 from unbroken.agent.gpumem import GpuMemory, pod_gpus
 from unbroken.protocol.messages import DeviceWait
 
 pytestmark = pytest.mark.unit
-
-FAKE = Path(__file__).parents[2] / "support" / "fakenvml" / "pynvml.py"
 
 
 @pytest.fixture
@@ -28,18 +24,12 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def nvml(state: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fake_pynvml_gpumem", FAKE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return nvmlscript.load("fake_pynvml_gpumem")
 
 
 def write(path: Path, processes: dict[str, list[int]]) -> None:
     devices = {gpu: {"processes": pids} for gpu, pids in processes.items()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"gpus": 2, "devices": devices}))
-    os.replace(tmp, path)
+    nvmlscript.write_state(path, gpus=2, devices=devices)
 
 
 class Clock:

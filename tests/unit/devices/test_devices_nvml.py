@@ -3,15 +3,13 @@ and Xid event reports, for which device slots, and what is not watched."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from tests.support import nvmlscript
 
 from unbroken.devices import DeviceFaulted, DeviceRecovered, DeviceStateError, DeviceWatcher
 from unbroken.devices.nvml import (
@@ -25,8 +23,6 @@ from unbroken.faults import CodeTable
 
 pytestmark = pytest.mark.unit
 
-FAKE = Path(__file__).parents[2] / "support" / "fakenvml" / "pynvml.py"
-
 
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -38,17 +34,11 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def nvml(state: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fake_pynvml_under_test", FAKE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return nvmlscript.load("fake_pynvml_under_test")
 
 
 def write(path: Path, **state: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    nvmlscript.write_state(path, **state)
 
 
 def provider(

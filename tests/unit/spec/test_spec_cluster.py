@@ -170,18 +170,14 @@ def test_no_spare_node_for_recover_warns(tmp_path: Path) -> None:
 @pytest.fixture
 def scripted_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML answers (tests/support/fakenvml, one GPU), as on a GPU machine."""
-    import importlib.util
     import sys
 
+    from tests.support import nvmlscript
+
     state = tmp_path / "nvml.json"
-    state.write_text('{"gpus": 1}')
+    nvmlscript.write_state(state, gpus=1)
     monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-    fake = Path(__file__).parents[2] / "support" / "fakenvml" / "pynvml.py"
-    spec = importlib.util.spec_from_file_location("pynvml", fake)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, "pynvml", module)
+    monkeypatch.setitem(sys.modules, "pynvml", nvmlscript.load("pynvml"))
 
 
 @pytest.mark.usefixtures("scripted_nvml")
