@@ -151,32 +151,42 @@ def _incident(run_dir: Path) -> tuple[str, str, float | None, str] | None:
 
 
 NCCL_CHECK = r"""
-import datetime, os, time, torch, torch.distributed as dist
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29533")
+import datetime, time, torch, torch.distributed as dist
+from unbroken.worker import torchapi
 torch.cuda.set_device(0)
-dist.init_process_group("nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=20))
+timeout = datetime.timedelta(seconds=20)
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1,
+                        timeout=timeout)
 t = torch.ones(4, device="cuda"); dist.all_reduce(t); torch.cuda.synchronize()
 began = time.monotonic()
-from unbroken.worker import torchapi
-torchapi.abort_group(dist.group.WORLD)
+aborted = torchapi.abort_group(dist.group.WORLD)
 aborted_s = time.monotonic() - began
 try:
     dist.all_reduce(t); torch.cuda.synchronize(); after = "no error"
 except Exception as e:
     after = type(e).__name__
-dist.destroy_process_group()
-dist.init_process_group("nccl", rank=0, world_size=1, init_method="tcp://127.0.0.1:29534")
+try:
+    dist.destroy_process_group()
+except Exception as e:
+    print(f"destroy after abort: {type(e).__name__}: {e}")
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29534", rank=0, world_size=1,
+                        timeout=timeout)
 t = torch.ones(4, device="cuda"); dist.all_reduce(t); torch.cuda.synchronize()
-print(f"nccl: abort {aborted_s:.2f} s; a collective after it: {after}; a new group: {t.tolist()}")
-ok = after != "no error" and t.tolist() == [1.0] * 4
+print(f"nccl: aborted {aborted} in {aborted_s:.2f} s; a collective after it: {after}; "
+      f"a new group's all-reduce: {t.tolist()}")
+ok = aborted and after != "no error" and t.tolist() == [1.0] * 4
 dist.destroy_process_group()
 raise SystemExit(0 if ok else 1)
 """
 
 
 def nccl_check() -> tuple[bool, str]:
+    """A single-rank NCCL group: an all-reduce, the abort Unbroken uses when it lets a group
+    go, a collective that must fail after it, and a new group that works (the watchdog off, as
+    the plan sets it for jobs with a rung)."""
+    env = {**os.environ, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", NCCL_CHECK], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", NCCL_CHECK], capture_output=True, text=True, timeout=120, env=env
     )
     line = (proc.stdout.strip().splitlines() or [proc.stderr.strip()[-300:]])[-1]
     return proc.returncode == 0, line
