@@ -246,7 +246,14 @@ def _gpus(cluster: ClusterSpec) -> tuple[int, ...]:
     count = None
     if cluster.device_plugin.provider == "nvml":
         count = int(load_nvml().nvmlDeviceGetCount())
-    gpus = machine_gpus(os.environ, count)
+    try:
+        gpus = machine_gpus(os.environ, count)
+    except ValueError as exc:
+        if count is not None:  # the nvml provider must know which GPU each slot runs on
+            raise
+        # GPUs named by UUID or MIG instance: every pod sees them as the user gave them.
+        print(f"unbroken run: {exc}; every pod sees these GPUs as given", file=sys.stderr)
+        return ()
     if count is not None and not gpus:
         raise ValueError("devicePlugin.provider nvml: NVML counts no GPU on this machine")
     if count is not None and any(g >= count for g in gpus):
