@@ -5,11 +5,11 @@ Providers implement :class:`HealthProvider` (``poll() -> tuple[DeviceHealth, ...
 :func:`clear_device_fault` from any process; the ``nvml`` provider
 (:mod:`unbroken.devices.nvml`) reads this machine's NVIDIA GPUs, and
 :mod:`unbroken.devices.gpureset` runs the operator's reset command for one of them.
-:class:`DeviceWatcher` polls a provider every ``-listWatchPeriod`` and reports :class:`DeviceFaulted` / :class:`DeviceRecovered`; with
-``-autoStowing`` on, the manager returns a recovered device to the pool (not one isolated at
-``ManuallySeparate``), otherwise it stays isolated until an operator returns it (``unbroken
-release``). The device plugin flags themselves are read by the
-cluster spec (:class:`unbroken.spec.cluster.DevicePlugin`).
+:class:`DeviceWatcher` polls a provider every ``-listWatchPeriod`` and reports
+:class:`DeviceFaulted` / :class:`DeviceRecovered`; with ``-autoStowing`` on, the manager
+returns a recovered device to the pool (not one isolated at ``ManuallySeparate``), otherwise it
+stays isolated until an operator returns it (``unbroken release``). The device plugin flags
+themselves are read by the cluster spec (:class:`unbroken.spec.cluster.DevicePlugin`).
 """
 
 from unbroken.devices.health import (
