@@ -119,4 +119,7 @@ def test_force_exit_moves_the_pod_at_once_from_the_checkpoint(
         ("e2e-mlp-worker-0", "node-2")
     ]
     (loaded,) = of_kind(evs, "StateLoaded", generation=1)
-    assert (loaded["source"], loaded["step"] % 10) == ("checkpoint", 0), loaded
+    # From a checkpoint (every 10 steps) of a step before the fault; a poll that saw the fault
+    # before the first one was saved moves the pod from the initial state.
+    assert loaded["step"] % 10 == 0 and loaded["step"] <= fault["step"], (loaded, fault)
+    assert loaded["source"] == ("checkpoint" if loaded["step"] else "initial"), loaded
