@@ -155,10 +155,6 @@ class NvmlProvider:
         for gpu in self._gpus.values():  # the baselines: a count already there is no new fault
             self._read_conditions(gpu, self._clock())
 
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return tuple(self._gpus)
-
     def listen(self, wake: Callable[[], None]) -> None:
         """Start waiting for Xid events; ``wake`` asks the watcher to poll now."""
         if self._listener is None:
@@ -356,10 +352,6 @@ class XidListener:
                 continue
             self._by_handle[_key(gpu.handle)] = gpu.index
         self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
-
-    @property
-    def watching(self) -> tuple[int, ...]:
-        return tuple(sorted(self._by_handle.values()))
 
     def start(self) -> None:
         self._thread.start()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from unbroken.agent.env import CUDA_DEVICES
 from unbroken.agent.image import Image, StoreKeeper
 from unbroken.agent.planes import START_PLANE_VAR
 from unbroken.devices.nvml import gpu_of_slot
@@ -724,5 +725,5 @@ def pod_gpu_env(cluster: ClusterLayout, node: str, devices: tuple[int, ...]) -> 
     return {
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, visible)),
-        "UNBROKEN_CUDA_DEVICES": ",".join(str(visible.index(g)) for g in per_rank),
+        CUDA_DEVICES: ",".join(str(visible.index(g)) for g in per_rank),
     }

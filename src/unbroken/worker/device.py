@@ -18,10 +18,8 @@ from collections.abc import Mapping
 
 import torch
 
-#: This rank's index among the pod's visible GPUs (set by the agent).
+#: This rank's index among the pod's visible GPUs (set by the agent, :mod:`unbroken.agent.env`).
 CUDA_DEVICE = "UNBROKEN_CUDA_DEVICE"
-#: The pod's: each local rank's index among its visible GPUs, comma-separated.
-CUDA_DEVICES = "UNBROKEN_CUDA_DEVICES"
 
 
 def device(environ: Mapping[str, str] | None = None) -> torch.device:
