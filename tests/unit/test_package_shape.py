@@ -27,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"spec"}),
     frozenset({"protocol", "rpc", "ledger", "devices", "checkpoint"}),
     frozenset({"faults", "report", "worker"}),
-    frozenset({"policy", "chaos"}),
+    frozenset({"policy", "chaos", "mindspore"}),
     frozenset({"scheduler", "agent"}),
     frozenset({"manager", "operator"}),
     frozenset({"cli"}),

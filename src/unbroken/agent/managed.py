@@ -44,6 +44,7 @@ from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.gpumem import GpuMemory, pod_gpus
 from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
+from unbroken.agent.mindspore import SchedulerSlot, is_mindspore, worker_env
 from unbroken.agent.planes import (
     PLANES_VAR,
     START_PLANE_VAR,
@@ -183,7 +184,9 @@ class ManagedAgent:
         self._failures_reported: set[tuple[int, float]] = set()
         self._ended_after_failure: set[int] = set()
         self.pod_dir = settings.run_dir / "pods" / settings.pod
-        self.use_standby = settings.standby and not args.no_python
+        self.mindspore = is_mindspore(os.environ)  # ranks not forked from a torch zygote
+        self._scheduler = SchedulerSlot()
+        self.use_standby = settings.standby and not args.no_python and not self.mindspore
         # One zygote (unbroken.agent.standby) forks every rank this agent starts, once it is
         # warm; a spare agent's comes with it (unbroken.agent.spare).
         self._zygote: Zygote | None = None
@@ -271,6 +274,8 @@ class ManagedAgent:
             env["GLOO_SOCKET_IFNAME"] = self._ifnames[self.plane]
         if join:
             env["UNBROKEN_JOIN"] = "1"
+        if self.mindspore:
+            env.update(worker_env(self.args, int(env["RANK"]), local))
         proc = RankProcess(
             rank=rank,
             local_rank=local,
@@ -295,6 +300,8 @@ class ManagedAgent:
         self.ranks.clear()
         self._readers.clear()
         self._mailboxes.clear()
+        if self.mindspore and self.args.node_rank == 0:  # this pod's agent runs the Scheduler
+            self._scheduler.restart(self.args, self.pod_dir)
         if self.use_standby and self._live_zygote() is None:
             # Every rank forked from one zygote: torch is imported once for the pod, not once
             # per rank, and the zygote is warm for the next restart from the start.
@@ -444,6 +451,7 @@ class ManagedAgent:
                 p.kill()
         for p in live:
             p.wait(5.0)
+        self._scheduler.stop()
 
     def _blocked(self, rank: int) -> bool:
         snap = self._readers[rank].read()
@@ -502,6 +510,7 @@ class ManagedAgent:
             return self._loop(tick_s, next_hb)
         finally:
             self._drop_zygote()
+            self._scheduler.stop()
 
     def _loop(self, tick_s: float, next_hb: float) -> int:
         try:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from unbroken.operator import Plan, PodPlan, plan
 from unbroken.spec import JobSpec, SpecError, load_cluster, load_job
+from unbroken.spec.knobs import Framework
+from unbroken.spec.launcher import LauncherKind
 
 #: The rungs that keep healthy ranks in their processes, and the state each needs.
 IN_PROCESS_RUNGS = ("retry", "recover-in-place", "recover", "dump")
@@ -25,6 +27,18 @@ IN_PROCESS_NOTE = (
     "need the whole state on one rank); FSDP2 with one copy of each shard and ZeRO without "
     "a replica optimizer skip them for the checkpoint rung"
 )
+
+
+#: What each process-level rung does for MindSpore ranks (unbroken.mindspore.session).
+MINDSPORE_RUNGS = {
+    "retry": "MindSpore ranks redo a step whose device memory (UCE) or link (HCCE) failed, in "
+    "their processes; a corrupt rank copies its parameters from a healthy one",
+    "dump": "a MindSpore rank whose error left its state whole writes the committed state (TTP)",
+    "recover-in-place": "not for MindSpore ranks: they cannot join a new communicator in a live "
+    "process (MindSpore's dynamic-cluster recovery runs on GPUs in graph mode only); every rank "
+    "restarts from the newest checkpoint or last words",
+    "recover": "not for MindSpore ranks (as recover-in-place): every rank restarts",
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,6 +73,16 @@ def _launch_line(pod: PodPlan) -> str:
         return "(no launcher line found in the container command)"
     if launcher.wrapper is not None:
         words = ["bash", launcher.wrapper]
+    elif launcher.kind is LauncherKind.MSRUN:
+        words = [
+            "msrun",
+            f"--worker_num={launcher.nproc_per_node * launcher.nnodes}",
+            f"--local_worker_num={launcher.nproc_per_node}",
+            f"--node_rank={launcher.node_rank}",
+            f"--master_addr={launcher.master_addr}",
+            f"--master_port={launcher.master_port}",
+        ]
+        words += [f"--{k}={v}" for k, v in launcher.options]
     else:
         words = [str(launcher.kind)]
         words += [
@@ -122,6 +146,11 @@ def render(result: Plan) -> str:
         f"max_restarts {fh.max_restarts}; monitor_interval {fh.monitor_interval_s:g} s"
     )
     in_process = [r for r in result.ladder if r in IN_PROCESS_RUNGS]
+    if job.framework is Framework.MINDSPORE:
+        in_process = [r for r in in_process if r not in MINDSPORE_RUNGS]
+        for rung, note in MINDSPORE_RUNGS.items():
+            if rung in result.ladder:
+                out.append(f"  {rung}: {note}")
     if in_process:
         out.append(f"  {', '.join(in_process)}: {IN_PROCESS_NOTE}")
     if fh.link_failover:

@@ -119,6 +119,7 @@ def build_layout(job: JobSpec, cluster: ClusterSpec, run_dir: Path) -> JobLayout
         master_port=_literal_master_port(job),
         total_steps=_total_steps(tuple(first.script_args)),
         min_pods=job.min_nodes,
+        framework=job.framework,
     )
 
 

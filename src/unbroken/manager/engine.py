@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 
 from unbroken.agent.env import CUDA_DEVICES
 from unbroken.agent.image import Image, StoreKeeper
+from unbroken.agent.mindspore import FRAMEWORK, MINDSPORE
 from unbroken.agent.planes import START_PLANE_VAR
 from unbroken.devices.nvml import gpu_of_slot
 from unbroken.ledger import PodPlaced, PodsStopped
@@ -65,7 +67,7 @@ from unbroken.scheduler import (
     start_pending,
 )
 from unbroken.scheduler import backend as pod_backend
-from unbroken.spec.knobs import Strategy
+from unbroken.spec.knobs import Framework, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,18 @@ class Terms:
     incident_open: bool = False
 
 
+class SchedulerPort:
+    """A MindSpore generation's rendezvous: the port its Scheduler will listen on (the one
+    given, else one free now on ``host``). Nothing is held: the Scheduler binds it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        if not port:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        self.port = port
+
+
 def let_store_go(store: Any, wait_s: float = 0.0) -> None:
     """A store of :meth:`Engine.host_store` ends: a keeper is told to (and waited for up
     to ``wait_s``), torch's store closes with its last reference."""
@@ -166,7 +180,10 @@ class Engine:
         self.pods: dict[str, PodProcess] = {}
         #: Warm spare agents by node (see :meth:`keep_spares`); UNBROKEN_STANDBY=0: none.
         self.spares: dict[str, Spare] = {}
-        self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0"
+        #: MindSpore ranks: a generation's "store" is its Scheduler's port, and no agent waits
+        #: warm with torch imported (unbroken.agent.mindspore).
+        self.mindspore = ctx.job.framework is Framework.MINDSPORE
+        self.use_spares = os.environ.get("UNBROKEN_STANDBY", "1") != "0" and not self.mindspore
         #: Nodes of hosts that joined (``unbroken serve``): their pods start there, remotely.
         self.remote_nodes: NodeRegistry | None = None
         #: The node image agents are forked from (:meth:`start_image`); None: cold agents.
@@ -236,6 +253,8 @@ class Engine:
         host = self.listen[0]
         if self.store_opener is not None:
             return self.store_opener(host, port)
+        if self.mindspore:  # the node-0 agent's Scheduler listens there
+            return SchedulerPort(host, port)
         store = None if self.image is None else self.image.host_store(host, port)
         return host_store(host, port) if store is None else store
 
@@ -565,6 +584,8 @@ class Engine:
                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             }
         )
+        if self.mindspore:
+            env[FRAMEWORK] = MINDSPORE
         env.update(pod_gpu_env(ctx.cluster, node, devices))
         if Strategy.ELASTIC_TRAINING in fh.strategies:
             # Stopped ranks wait for their world as long as the elastic rung may take: the

@@ -22,12 +22,20 @@ from unbroken.manager.pool import Pool
 from unbroken.manager.scaling import Elastic
 from unbroken.manager.switches import switched
 from unbroken.policy import Feasibility
+from unbroken.spec.knobs import Framework
 
 #: Why ranks without an Unbroken session cannot be repaired in process (a plain torchrun
 #: script: unbroken.manager.sessionless).
 NO_SESSION = (
     "have no Unbroken session (the script has not called unbroken.worker.init): "
     "no heartbeat steps, no replica to repair from"
+)
+
+
+#: Why a MindSpore job's ranks cannot be repaired in process (unbroken.mindspore.session).
+MINDSPORE_RANKS = (
+    "MindSpore ranks cannot leave a broken communicator and join a new one in a live process "
+    "(MindSpore's dynamic-cluster recovery runs on GPUs in graph mode only): every rank restarts"
 )
 
 
@@ -49,6 +57,8 @@ def feasibility(
         process_off = f"process-recover-enable is pause ({inprocess.label.paused})"
     elif generations.diverged:
         process_off = "replicas diverged, so no replica can be trusted"
+    elif job.framework is Framework.MINDSPORE:
+        process_off = MINDSPORE_RANKS
     elif not recoverable:
         ranks = generations.ranks
         no_session = sorted(r for r, v in ranks.items() if not v.session)

@@ -66,7 +66,7 @@ from unbroken.manager.liveness import AgentWatch
 from unbroken.manager.milestones import CommReady, FirstCommit, Loaded, Milestones, Progress
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.pool import Pool
-from unbroken.manager.progress import RankView
+from unbroken.manager.progress import RankView, rank_recovered_alone
 from unbroken.manager.scaling import Elastic
 from unbroken.manager.service import (
     HEARTBEAT_FLOOR_S,
@@ -498,8 +498,10 @@ class JobManager:
         for row in beat.ranks:
             view = gens.ranks.get(row.rank)
             if view is not None and view.pid == row.pid:
-                seen, phase = view.op_retries, view.phase
+                seen, phase, was = view.op_retries, view.phase, (view.recoveries, view.dumped_at)
                 view.update(row)
+                if not view.recoverable:  # a MindSpore rank's own retry and last words
+                    rank_recovered_alone(view, was, self.ledger, self.console)
                 if view.phase != phase:
                     self._phase_changed = True  # a rung may wait for it: tick now
                 self.milestones.touch(row.rank)

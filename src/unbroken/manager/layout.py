@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from unbroken.devices.sim import RESET_S_DEFAULT
-from unbroken.spec.knobs import FaultHandling
+from unbroken.spec.knobs import FaultHandling, Framework
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class JobLayout:
     master_port: int | None = None  # None: any free port
     total_steps: int | None = None
     min_pods: int | None = None  # elastic training's minimum (minReplicas); None: every pod
+    #: MindSpore: the ranks form MindSpore's dynamic cluster (a Scheduler process per
+    #: generation, unbroken.agent.mindspore) instead of a torch rendezvous store.
+    framework: Framework = Framework.PYTORCH
 
     @cached_property
     def world_size(self) -> int:

@@ -7,10 +7,14 @@ loaded and its first step committed on every rank: the phases of a recovery.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from unbroken.ledger import CheckpointSaved, Ledger
+from unbroken.manager.console import Console
+from unbroken.protocol.kinds import StepFailure
 from unbroken.protocol.messages import RankProgress
 
 
@@ -37,6 +41,10 @@ class RankView:
     op_retries: int = 0  # op retries (re-executions) that succeeded in this process
     op_retry_at: float = 0.0
     op_retry_last: int = 0  # step, attempt and level (unbroken.protocol.heartbeat.pack_op_retry)
+    #: Steps this process redid on its own (a MindSpore rank's retry: unbroken.mindspore),
+    #: and why the last one failed (a StepFailure code).
+    recoveries: int = 0
+    failure: int = 0
     dumped_step: int = -1  # the step of the last words this rank wrote (-1: none)
     dumped_at: float = 0.0
     dump_failed_at: float = 0.0
@@ -66,6 +74,8 @@ class RankView:
         self.dumped_at = rec.dumped_at
         self.dump_failed_at = rec.dump_failed_at
         self.op_retries = rec.op_retries
+        self.recoveries = rec.recoveries
+        self.failure = rec.failure
         self.op_retry_at = rec.op_retry_at
         self.op_retry_last = rec.op_retry_last
 
@@ -182,3 +192,30 @@ def committed_step(ranks: Iterable[RankView]) -> int:
 def median_step_time(ranks: Iterable[RankView]) -> float:
     times = sorted(v.step_time_s for v in ranks if v.step_time_s > 0)
     return times[len(times) // 2] if times else 0.0
+
+
+def rank_recovered_alone(
+    view: RankView, was: tuple[int, float], ledger: Ledger, console: Console
+) -> None:
+    """What a rank that cannot be repaired in process (a MindSpore rank,
+    :mod:`unbroken.mindspore`) did on its own since its record said ``was`` (its recoveries,
+    its last words' time): a step it redid after its device memory or link failed (the seed's
+    UCE and HCCE retry: no fault for the policy), last words it wrote (TTP). Recorded and said."""
+    recoveries, dumped_at = was
+    if view.recoveries > recoveries:
+        why = "device memory" if view.failure == StepFailure.DEVICE_MEMORY else "link"
+        ledger.record_raw(
+            "StepRedone",
+            {"rank": view.rank, "step": view.step, "failure": why, "redone": view.recoveries},
+            at=time.time(),
+        )
+        console.line(
+            f"rank {view.rank}: step {view.step} redone in process after a {why} error "
+            f"(retry, {view.recoveries} in this process); no recovery needed"
+        )
+    if view.dumped_at > dumped_at and view.dumped_step >= 0:
+        ledger.record(
+            CheckpointSaved(step=view.dumped_step, path="", duration_s=0.0, last_words=True),
+            at=view.dumped_at,
+        )
+        console.line(f"last words: rank {view.rank} saved step {view.dumped_step}")

@@ -24,12 +24,10 @@ arms a device memory error for the next step (``unbroken inject memory``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -38,13 +36,11 @@ from torch.distributed.tensor import DTensor
 
 from unbroken.protocol.kinds import StepFailure
 from unbroken.worker import opretry
+from unbroken.worker.chaosentries import ChaosEntry, claim, entries_from_env
 from unbroken.worker.failure import DeviceMemoryError, failure_kind
 from unbroken.worker.linkfault import reset_links
 
 logger = logging.getLogger(__name__)
-
-CHAOS = "UNBROKEN_CHAOS"
-CHAOS_DIR = "UNBROKEN_CHAOS_DIR"
 
 
 class InjectedFault(RuntimeError):
@@ -55,19 +51,10 @@ class InjectedFault(RuntimeError):
 MEMORY_ERROR_CODE = "80E01801"
 
 
-@dataclass(frozen=True)
-class _Entry:
-    index: int
-    kind: str
-    at_step: int
-    code: str | None = None
-    times: int = 1
-
-
 class RankChaos:
-    def __init__(self, rank: int, entries: tuple[_Entry, ...], fired_dir: Path | None) -> None:
+    def __init__(self, rank: int, entries: tuple[ChaosEntry, ...], fired_dir: Path | None) -> None:
         self.rank = rank
-        self.entries: dict[int, list[_Entry]] = {}
+        self.entries: dict[int, list[ChaosEntry]] = {}
         for e in entries:
             self.entries.setdefault(e.at_step, []).append(e)
         self.fired_dir = fired_dir
@@ -79,21 +66,8 @@ class RankChaos:
 
     @staticmethod
     def from_env(rank: int, env: Mapping[str, str]) -> RankChaos | None:
-        text, where = env.get(CHAOS), env.get(CHAOS_DIR)
-        entries: tuple[_Entry, ...] = ()
-        if text and where:
-            entries = tuple(
-                _Entry(
-                    int(e["index"]),
-                    str(e["kind"]),
-                    int(e["at_step"]),
-                    e.get("code"),
-                    int(e.get("times") or 1),
-                )
-                for e in json.loads(text)
-                if e.get("rank") == rank and e.get("at_step") is not None
-            )
-        return RankChaos(rank, entries, Path(where) if where else None)
+        entries, fired_dir = entries_from_env(rank, env)
+        return RankChaos(rank, entries, fired_dir)
 
     def before_step(
         self,
@@ -154,15 +128,9 @@ class RankChaos:
             "rank %d: the link flaps: %d connection(s) to peers reset again", self.rank, len(links)
         )
 
-    def _claim(self, entry: _Entry) -> bool:
+    def _claim(self, entry: ChaosEntry) -> bool:
         assert self.fired_dir is not None
-        self.fired_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.fired_dir / f"fired-{entry.index}", os.O_CREAT | os.O_EXCL)
-        except FileExistsError:
-            return False
-        os.close(fd)
-        return True
+        return claim(self.fired_dir, entry)
 
 
 def _memory_error(

@@ -15,7 +15,7 @@ from unbroken.ledger import Ledger, ProcessRecoverPaused, ProcessRecoverResumed
 from unbroken.manager.console import Console
 from unbroken.manager.feasible import feasibility
 from unbroken.manager.recoverlabel import RecoverLabel
-from unbroken.spec.knobs import FaultHandling, ProcessRecover, Strategy
+from unbroken.spec.knobs import FaultHandling, Framework, ProcessRecover, Strategy
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_while_paused_no_process_level_rung_is_feasible(tmp_path: Path) -> None:
     pool: Any = SimpleNamespace(
         spare_node_free=lambda n: True, schedulable=lambda f: True, may_pend=lambda f: False
     )
-    job: Any = SimpleNamespace(pod_of_rank=lambda r: "p-0")
+    job: Any = SimpleNamespace(pod_of_rank=lambda r: "p-0", framework=Framework.PYTORCH)
     fault = Fault(
         kind=FaultKind.PROCESS_EXIT, level=FaultLevel.RESTART_BUSINESS, code="", ranks=(1,), at=5.0
     )
