@@ -30,7 +30,8 @@ architecture differs, and they say so rather than pretend:
   says how to start one.
 - **Worker.** Under an Unbroken agent the worker's duties (heartbeat, step commit, stop at a
   step boundary, in-process recovery) are the hooks of the training session,
-  ``unbroken.worker.init(...)``; :func:`start_taskd_worker` confirms the agent is there and
+  ``unbroken.worker.init(...)`` (``framework="pt"``) or ``unbroken.mindspore.init(...)``
+  (``"ms"``); :func:`start_taskd_worker` confirms the agent is there and
   creates no session. A script that calls only this API has none: the run says once that the
   in-process rungs are unavailable to it (``RungsUnavailable``), and its faults are recovered
   by restarting its processes (in-pod restart, pod- and job-level rescheduling), which resume
@@ -188,12 +189,7 @@ def check_worker_args(
             f"upper_limit_of_disk_in_mb={upper_limit_of_disk_in_mb!r}: expected an integer > 0 "
             "(megabytes, e.g. 5000)"
         )
-    if framework == "ms":
-        problems.append(
-            "framework='ms': Unbroken's worker is PyTorch-only; MindSpore training is not "
-            "supported (use 'pt' for PyTorch)"
-        )
-    elif not isinstance(framework, str) or framework not in FRAMEWORKS:
+    if not isinstance(framework, str) or framework not in FRAMEWORKS:
         problems.append(f"framework={framework!r}: expected 'pt' (PyTorch) or 'ms' (MindSpore)")
     return problems
 
@@ -378,8 +374,9 @@ def _outcome(run_dir: Path) -> str:
 
 def init_taskd_worker(rank: int, upper_limit_of_disk_in_mb: int, framework: str) -> bool:
     """Validate and keep the seed's worker arguments: the global rank, the disk cap in MB
-    (kept, not enforced: see :class:`TaskdWorkerConfig`) and the framework, ``"pt"``.
-    ``"ms"`` (MindSpore) is refused: Unbroken's worker is PyTorch-only."""
+    (kept, not enforced: see :class:`TaskdWorkerConfig`) and the framework, ``"pt"``
+    (PyTorch: the session is ``unbroken.worker.init``) or ``"ms"`` (MindSpore:
+    ``unbroken.mindspore.init``)."""
     global _worker
     _worker = None
     problems = check_worker_args(rank, upper_limit_of_disk_in_mb, framework)
@@ -427,11 +424,13 @@ def start_taskd_worker(*, environ: Mapping[str, str] | None = None) -> bool:
             config.rank,
             env.rank,
         )
+    session = "unbroken.mindspore.init" if config.framework == "ms" else "unbroken.worker.init"
     log.info(
-        "start_taskd_worker: rank %d of job %s: the session hooks of unbroken.worker.init(...) "
-        "take over (heartbeat, step commit, stop at a step boundary, in-process recovery)",
+        "start_taskd_worker: rank %d of job %s: the session hooks of %s(...) take over "
+        "(heartbeat, step commit, stop at a step boundary, recovery)",
         config.rank,
         env.job_id,
+        session,
     )
     return True
 

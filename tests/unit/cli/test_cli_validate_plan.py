@@ -100,6 +100,24 @@ def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert "warnings: none" in out
 
 
+def test_plan_of_a_mindspore_job_says_what_its_rungs_do_and_launches_msrun(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    jobs = Path(__file__).resolve().parents[3] / "examples" / "jobs"
+    assert main(["plan", str(jobs / "mindspore.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "  1. retry\n  2. dump\n  3. exit\n  4. pod-rescheduling" in out
+    assert "  retry: MindSpore ranks redo a step whose device memory (UCE) or link (HCCE)" in out
+    assert "  dump: a MindSpore rank whose error left its state whole writes" in out
+    assert "in process only where" not in out  # the PyTorch note is not theirs
+    assert (
+        "    launch: msrun --worker_num=4 --local_worker_num=2 --node_rank=1 "
+        f"--master_addr=ms-gpt-master-0 --master_port=8118 --join=True "
+        f"{jobs}/../train_ms_gpt.py --steps=40" in out
+    )
+    assert "      MS_ENABLE_TFT={TTP:1,UCE:1,HCCE:1,RSC:1}\n" in out
+
+
 def test_plan_json_and_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(SEED / "job-rescheduling.yaml"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -165,4 +183,5 @@ def test_shipped_example_jobs_are_valid(capsys: pytest.CaptureFixture[str]) -> N
     assert (
         main(["validate", str(jobs / "recover.yaml"), "--cluster", str(jobs / "cluster.yaml")]) == 0
     )
+    assert main(["validate", str(jobs / "mindspore.yaml")]) == 0
     assert capsys.readouterr().err == ""

@@ -45,6 +45,13 @@ def test_the_seeds_arguments_are_kept() -> None:
     )
 
 
+def test_the_seeds_mindspore_call_is_kept() -> None:
+    assert init_taskd_worker(1, 5000, "ms") is True
+    assert worker_config() == TaskdWorkerConfig(
+        rank=1, upper_limit_of_disk_in_mb=5000, framework="ms"
+    )
+
+
 RANK = "expected an integer >= 0, the global rank"
 DISK = "expected an integer > 0 (megabytes, e.g. 5000)"
 FRAMEWORK = "expected 'pt' (PyTorch) or 'ms' (MindSpore)"
@@ -65,11 +72,6 @@ FRAMEWORK = "expected 'pt' (PyTorch) or 'ms' (MindSpore)"
         ((0, 5000, "PT"), f"framework='PT': {FRAMEWORK}"),
         ((0, 5000, None), f"framework=None: {FRAMEWORK}"),
         ((0, 5000, ["pt"]), f"framework=['pt']: {FRAMEWORK}"),
-        (
-            (0, 5000, "ms"),
-            "framework='ms': Unbroken's worker is PyTorch-only; MindSpore training is not "
-            "supported (use 'pt' for PyTorch)",
-        ),
     ],
 )
 def test_a_bad_argument_is_refused_with_its_reason(
@@ -88,8 +90,6 @@ def test_every_bad_argument_is_reported_and_the_last_good_ones_forgotten(
     assert logged(caplog, logging.ERROR) == [
         f"init_taskd_worker: rank=-2: {RANK}",
         f"init_taskd_worker: upper_limit_of_disk_in_mb=0: {DISK}",
-        "init_taskd_worker: framework='ms': Unbroken's worker is PyTorch-only; MindSpore "
-        "training is not supported (use 'pt' for PyTorch)",
     ]
     assert worker_config() is None
 
@@ -111,7 +111,16 @@ def test_under_an_unbroken_agent_the_session_hooks_take_over(
     assert logged(caplog, logging.WARNING) == []
     assert logged(caplog, logging.INFO) == [
         "start_taskd_worker: rank 3 of job mlp: the session hooks of unbroken.worker.init(...) "
-        "take over (heartbeat, step commit, stop at a step boundary, in-process recovery)"
+        "take over (heartbeat, step commit, stop at a step boundary, recovery)"
+    ]
+
+
+def test_a_mindspore_worker_is_told_its_session(caplog: pytest.LogCaptureFixture) -> None:
+    assert init_taskd_worker(3, 5000, "ms")
+    assert start_taskd_worker(environ=AGENT_ENV) is True
+    assert logged(caplog, logging.INFO) == [
+        "start_taskd_worker: rank 3 of job mlp: the session hooks of unbroken.mindspore.init(...) "
+        "take over (heartbeat, step commit, stop at a step boundary, recovery)"
     ]
 
 

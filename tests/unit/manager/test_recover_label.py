@@ -13,7 +13,7 @@ import pytest
 from unbroken.faults import Fault, FaultKind, FaultLevel
 from unbroken.ledger import Ledger, ProcessRecoverPaused, ProcessRecoverResumed
 from unbroken.manager.console import Console
-from unbroken.manager.feasible import feasibility
+from unbroken.manager.feasible import MINDSPORE_RANKS, feasibility
 from unbroken.manager.recoverlabel import RecoverLabel
 from unbroken.spec.knobs import FaultHandling, Framework, ProcessRecover, Strategy
 
@@ -98,4 +98,39 @@ def test_while_paused_no_process_level_rung_is_feasible(tmp_path: Path) -> None:
     assert paused.process_off.startswith("process-recover-enable is pause (set when f1 went to")
     label.committed(generation=1, at=7.0)
     assert now().replica_for_lost_state
+    ledger.close()
+
+
+def test_a_mindspore_jobs_ranks_are_never_repaired_in_process(tmp_path: Path) -> None:
+    """MindSpore ranks cannot join a new communicator in a live process: whatever their records
+    say, the process-level rungs are off, with that reason."""
+    label, ledger, _ = _label(tmp_path, ON)
+    view = SimpleNamespace(recoverable=True, session=True, alive=True)
+    pods: dict[str, Any] = {}
+    inprocess: Any = SimpleNamespace(
+        recoverable=lambda: True,
+        healthy_rank_left=lambda faults: True,
+        label=label,
+        engine=SimpleNamespace(pods=pods),
+    )
+    gens: Any = SimpleNamespace(diverged=False, ranks={0: view, 1: view})
+    pool: Any = SimpleNamespace(
+        spare_node_free=lambda n: True, schedulable=lambda f: True, may_pend=lambda f: False
+    )
+    job: Any = SimpleNamespace(pod_of_rank=lambda r: "p-0", framework=Framework.MINDSPORE)
+    fault = Fault(
+        kind=FaultKind.PROCESS_EXIT, level=FaultLevel.RESTART_BUSINESS, code="", ranks=(1,), at=5.0
+    )
+    found = feasibility(
+        job,
+        [fault],
+        6.0,
+        generations=gens,
+        inprocess=inprocess,
+        elastic=SimpleNamespace(refusal=lambda faults: None),
+        pool=pool,
+    )
+    assert found.process_off == MINDSPORE_RANKS
+    assert not found.replica_for_lost_state and not found.elastic_possible
+    assert found.spare_node_free  # the pod- and job-level rungs stay
     ledger.close()

@@ -1,0 +1,40 @@
+"""The encoding a corrupt MindSpore rank's repair travels in (unbroken.mindspore.session): every
+dtype as float32 that a sum with the other ranks' -0.0 leaves bit for bit (MindSpore's CPU
+all-reduce sums float32 and float16 only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unbroken.mindspore.session import _as_float32, _from_float32
+
+pytestmark = pytest.mark.unit
+
+VALUES = {
+    "float32": np.array([[1.5, -0.0], [0.0, np.nan]], np.float32),
+    "float32-tiny": np.array([1e-45, -1e-45, 3.4e38, -np.inf], np.float32),
+    "float16": np.array([0.1, -0.0, 65504.0], np.float16),
+    "int32": np.array([1 << 30, -7, 0, 1], np.int32),  # global_step: its bytes, not its value
+    "int64": np.array([-(1 << 62), 5], np.int64),
+    "bool": np.array([True, False]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_the_source_s_values_arrive_bit_for_bit(name: str) -> None:
+    data = VALUES[name]
+    sent = _as_float32(data)
+    assert sent.dtype == np.float32 and sent.ndim == 1
+    others = np.full_like(sent, -0.0)
+    summed = sent + others + others  # the all-reduce of three ranks, the source first
+    got = _from_float32(summed, data)
+    assert got.dtype == data.dtype and got.shape == data.shape
+    assert got.tobytes() == data.tobytes()
+
+
+def test_a_plain_zero_from_the_others_would_flip_a_negative_zero() -> None:
+    """Why the others send -0.0: -0.0 + 0.0 is +0.0."""
+    negative_zero = np.array([-0.0], np.float32)
+    assert (negative_zero + np.float32(0.0)).tobytes() != negative_zero.tobytes()
+    assert (negative_zero + np.float32(-0.0)).tobytes() == negative_zero.tobytes()
