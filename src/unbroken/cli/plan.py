@@ -15,6 +15,7 @@ from pathlib import Path
 
 from unbroken.operator import Plan, PodPlan, plan
 from unbroken.spec import JobSpec, SpecError, load_cluster, load_job
+from unbroken.spec.faulthandling import MINDSPORE_NO_REGROUP as NO_REGROUP
 from unbroken.spec.knobs import Framework
 from unbroken.spec.launcher import LauncherKind
 
@@ -38,6 +39,8 @@ MINDSPORE_RUNGS = {
     "process (MindSpore's dynamic-cluster recovery runs on GPUs in graph mode only); every rank "
     "restarts from the newest checkpoint or last words",
     "recover": "not for MindSpore ranks (as recover-in-place): every rank restarts",
+    "op-retry": "not for MindSpore ranks: their collectives are MindSpore's own, not Unbroken's "
+    "re-executable ones; a failed one is redone with its step (retry, HCCE)",
 }
 
 
@@ -153,7 +156,11 @@ def render(result: Plan) -> str:
                 out.append(f"  {rung}: {note}")
     if in_process:
         out.append(f"  {', '.join(in_process)}: {IN_PROCESS_NOTE}")
-    if fh.link_failover:
+    if fh.link_failover and job.framework is Framework.MINDSPORE:
+        out.append(
+            f"  link failover, online stress tests (TSP): not for MindSpore ranks: {NO_REGROUP}"
+        )
+    elif fh.link_failover:
         out.append(
             "  link failover on: the collectives move to the next network plane when theirs "
             "fails or is slow (planes: the cluster YAML's planes, or unbroken launch --join "

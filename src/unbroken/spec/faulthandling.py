@@ -324,6 +324,10 @@ def read_fault_handling(
 
     knobs = job_knobs(replicas, problems)
     op_retry, decision_wait = _env_knobs(knobs, rungs, sub, framework, problems)
+    if framework is Framework.MINDSPORE:
+        _mindspore_limits(
+            knobs, sub_item if sub is SubHealthyStrategy.HOT_SWITCH else None, problems
+        )
     _injected_conflicts(knobs, configured, framework, pod_rescheduling, problems)
 
     effective_restarts = MAX_RESTARTS_DEFAULT if max_restarts is None else max_restarts
@@ -503,6 +507,50 @@ def _env_knobs(
         except KnobSyntaxError as exc:
             fail(item, exc)
     return op_retry, decision_wait
+
+
+#: Why a MindSpore job's ranks do not get what needs their collectives regrouped in a live
+#: process (unbroken.mindspore.session: MindSpore's communicator cannot be rebuilt there).
+MINDSPORE_NO_REGROUP = (
+    "MindSpore ranks cannot regroup their collectives in a live process (MindSpore's "
+    "dynamic-cluster recovery runs on GPUs in graph mode only)"
+)
+
+
+def _mindspore_limits(
+    knobs: dict[str, EnvValue], hot_switch: Located | None, problems: Problems
+) -> None:
+    """Warn of the settings a MindSpore job's ranks do not act on here, and why."""
+    item = knobs.get("HCCL_OP_RETRY_ENABLE")
+    if item is not None:
+        problems.warn(
+            item.line,
+            item.field,
+            "op retry is not run for MindSpore ranks: it re-executes a collective in "
+            "Unbroken's torch collective layer, and MindSpore ranks use MindSpore's own; a "
+            "MindSpore rank's failed collective is redone with its step (MS_ENABLE_TFT HCCE:1, "
+            "recover-strategy retry)",
+        )
+    item = knobs.get("MS_ENABLE_TFT")
+    try:
+        tsp = item is not None and parse_ms_enable_tft(item.value).get(TftSwitch.TSP, False)
+    except KnobSyntaxError:
+        tsp = False
+    if item is not None and tsp:
+        problems.warn(
+            item.line,
+            item.field,
+            "TSP (link failover, online stress tests) is not run for MindSpore ranks: both "
+            f"pause the ranks and regroup them, and {MINDSPORE_NO_REGROUP}; a failed link "
+            "fails the step (HCCE retry) or the ranks (a restart)",
+        )
+    if hot_switch is not None:
+        problems.warn(
+            hot_switch.line,
+            hot_switch.field,
+            "hotSwitch is not run for MindSpore ranks: the pod moved to the standby node "
+            f"joins its peers in their live processes, and {MINDSPORE_NO_REGROUP}",
+        )
 
 
 def _injected_conflicts(
