@@ -31,6 +31,7 @@ from unbroken.spec.faulthandling import Located, located_strings, read_fault_han
 from unbroken.spec.knobs import FaultHandling, Framework, Strategy, SubHealthyStrategy
 from unbroken.spec.launch_values import job_wide, replica_specs
 from unbroken.spec.launcher import LauncherKind
+from unbroken.spec.mindformers import check_mindformers_configs
 from unbroken.spec.problems import Problems
 from unbroken.spec.replicas import (
     LAST_WORDS_PORT,
@@ -162,6 +163,8 @@ def _read_job(root: YamlNode, source: Path, problems: Problems) -> JobSpec:
         problems,
     )
     _reserved_ports(raws, fault_handling, problems)
+    if framework is Framework.MINDSPORE:
+        check_mindformers_configs(source, raws, bool(fault_handling.strategies), problems)
     _elastic_warnings(raws, fault_handling, annotations.get("recover-strategy"), problems)
     problems.raise_if_any()
     lines = {item.field: item.line for item in (*labels.values(), *annotations.values())}
