@@ -84,3 +84,21 @@ def test_retry_restart_and_last_words_end_with_the_fault_free_state(
     final = result(run_dir)
     assert final["start_step"] == 10
     assert final["digest"] == fault_free["digest"]
+
+
+def test_a_failed_device_moves_its_pod_and_every_rank_resumes_from_the_checkpoint(
+    tmp_path: Path, fault_free: dict[str, object]
+) -> None:
+    """Pod-level rescheduling (RSC): the pod of the failed device is placed again off it, the
+    other pod's rank restarts in place, and MindSpore's cluster is built anew."""
+    run_dir = tmp_path / "run"
+    cluster = FIXTURES / "cluster-fast-watch.yaml"
+    res = run_job(run_dir, "--cluster", cluster, "--chaos", FIXTURES / "ms-device.yaml", job=JOB)
+    assert_no_processes_left(run_dir)
+    assert res.rc == 0, res.explain()
+    assert "1 fault(s), 1 recovery(ies)" in res.stdout, res.explain()
+    (decision,) = of_kind(events(run_dir), "DecisionMade")
+    assert decision["strategy"] == "pod-rescheduling", res.explain()
+    loaded = [e["step"] for e in of_kind(events(run_dir), "StateLoaded") if e["generation"] > 0]
+    assert len(loaded) == 1 and loaded[0] in (4, 8), res.explain()  # the newest checkpoint
+    assert result(run_dir)["digest"] == fault_free["digest"]
