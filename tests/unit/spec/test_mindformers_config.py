@@ -57,3 +57,27 @@ def test_a_config_not_beside_the_job_is_said_to_be_unchecked(tmp_path: Path) -> 
     (warning,) = _job(tmp_path, None)
     assert f"the MindFormers config is not beside the job ({tmp_path / CONFIG})" in warning
     assert "is not checked" in warning
+
+
+def test_settings_mindspore_ranks_do_not_act_on_are_warned_about(tmp_path: Path) -> None:
+    """Op retry, TSP (link failover, stress tests) and hot switching need the ranks'
+    collectives regrouped in live processes: a MindSpore job that sets them is told why not."""
+    warnings = load_job(SEED / "link-failover-mindspore.yaml").warnings
+    (op_retry,) = [w for w in warnings if "HCCL_OP_RETRY_ENABLE" in w]
+    assert "op retry is not run for MindSpore ranks" in op_retry
+    (tsp,) = [w for w in warnings if "export MS_ENABLE_TFT" in w]
+    assert "TSP (link failover, online stress tests) is not run for MindSpore ranks" in tsp
+    assert "MindSpore ranks cannot regroup their collectives in a live process" in tsp
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        (SEED / "pod-rescheduling-mindspore.yaml")
+        .read_text()
+        .replace("  labels:\n", '  labels:\n    subHealthyStrategy: "hotSwitch"\n', 1)
+        .replace('TASKD_PROCESS_ENABLE="off"', 'TASKD_PROCESS_ENABLE="on"')
+    )
+    (hot,) = [w for w in load_job(job).warnings if "hotSwitch" in w]
+    assert "hotSwitch is not run for MindSpore ranks" in hot
+    # A PyTorch job with the same settings gets none of these.
+    assert not [
+        w for w in load_job(SEED / "online-recovery-pytorch.yaml").warnings if "MindSpore" in w
+    ]
