@@ -265,6 +265,11 @@ class Engine:
         self.store = self._next_store = None
 
     @property
+    def rendezvous(self) -> str:
+        """Where a generation's ranks meet: its store, or a MindSpore job's Scheduler."""
+        return f"{'scheduler' if self.mindspore else 'store'} {self.listen[0]}:{self.master_port}"
+
+    @property
     def store_host(self) -> str:
         """Where ranks reach the rendezvous store: 127.0.0.1, or the control plane's address
         when pods run on other hosts."""

@@ -282,7 +282,7 @@ class JobManager:
         self.console.line(
             f"job {self.job.job_id}: {len(self.job.pods)} pods x {self.job.nproc_per_node} ranks "
             f"on {len(self.cl.nodes)} nodes; control plane {engine.control_address}, "
-            f"store {engine.listen[0]}:{engine.master_port}"
+            f"{engine.rendezvous}"
         )
         self.executor.start(tuple(p.name for p in self.job.pods))
         if self.outcome is None and not engine.pods:
