@@ -41,6 +41,7 @@ from unbroken.manager.layout import ClusterLayout, ManagerOptions
 from unbroken.rpc import RpcError
 from unbroken.rpc.tls import CredentialsError
 from unbroken.spec import HotReset
+from unbroken.spec.knobs import Framework
 
 DEFAULT_PORT = 29400
 
@@ -120,6 +121,13 @@ def run(
             f"{where}devicePlugin.provider: nvml reads the GPUs of the machine it runs on, and "
             f"the nodes of `unbroken {prog}` are other hosts, whose agents do not report their "
             "GPUs' health; use provider sim here, or nvml with `unbroken run`"
+        )
+    if job.framework is Framework.MINDSPORE:
+        return fail(
+            f"{job.source}: metadata.labels.framework: mindspore: a MindSpore job runs on one "
+            f"host here (`unbroken run` without planes), not across the hosts of `unbroken "
+            f"{prog}`: its Scheduler runs beside node rank 0's ranks, and the ranks are given "
+            "the control plane's address for it"
         )
     try:
         listen = _listen(args.listen)

@@ -40,7 +40,7 @@ import yaml
 
 from unbroken.operator.plan import Plan
 from unbroken.spec import JobSpec
-from unbroken.spec.knobs import Strategy
+from unbroken.spec.knobs import Framework, Strategy
 
 #: Where ``unbroken serve`` listens in the control-plane pod.
 CONTROL_PORT = 29400
@@ -68,8 +68,11 @@ _PROCESS_LEVEL = frozenset(
 
 
 def wanted(job: JobSpec) -> bool:
-    """Whether the job gets its own control plane: a process-level rung, and no opt-out."""
-    if job.annotations.get(OPT_OUT, "").lower() == "off":
+    """Whether the job gets its own control plane: a process-level rung, and no opt-out. A
+    MindSpore job gets none: its ranks take ``retry`` and last words in their own processes
+    (``unbroken.mindspore``, switched on by the pods' ``MS_ENABLE_TFT``), and cannot rejoin in a
+    live process, so every other recovery is a restart of its pods, which the operator does."""
+    if job.annotations.get(OPT_OUT, "").lower() == "off" or job.framework is Framework.MINDSPORE:
         return False
     return bool(_PROCESS_LEVEL & set(job.fault_handling.strategies))
 

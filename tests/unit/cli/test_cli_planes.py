@@ -71,3 +71,21 @@ def test_unbroken_run_refuses_planes_it_cannot_build_and_makes_nothing(
         "across hosts: unbroken serve, and unbroken launch --join --plane NAME=IFNAME on each)\n"
     )
     assert not run_dir.exists()
+
+
+def test_a_mindspore_job_across_hosts_is_refused_and_makes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its Scheduler runs beside node rank 0's ranks, and across hosts the ranks would be given
+    the control plane's address for it."""
+    job = Path(__file__).resolve().parents[3] / "examples" / "jobs" / "mindspore.yaml"
+    run_dir = tmp_path / "run"
+    assert main(["serve", str(job), "--run-dir", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"unbroken serve: {job}: metadata.labels.framework: mindspore: a MindSpore job runs on "
+        "one host here (`unbroken run` without planes), not across the hosts of `unbroken "
+        "serve`: its Scheduler runs beside node rank 0's ranks, and the ranks are given the "
+        "control plane's address for it\n"
+    )
+    assert not run_dir.exists()

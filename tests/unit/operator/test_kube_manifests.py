@@ -209,3 +209,20 @@ def test_a_jobs_own_control_plane_is_made_of_valid_objects() -> None:
     served = parse_job(docs[1]["data"]["job.yaml"], Path("job.yaml"))
     assert served.fault_handling == load_job(path).fault_handling
     assert served.world_size == 4 and p.cluster.nodes == 3
+
+
+def test_a_mindspore_job_gets_no_control_plane_and_its_pods_run_msrun() -> None:
+    """Its ranks take retry and last words in their own processes and cannot rejoin in a live
+    process: the operator restarts its pods itself, each running its msrun line with the
+    switches in MS_ENABLE_TFT."""
+    from unbroken.operator import controlplane
+    from unbroken.operator.resource import job_plan, job_spec
+
+    path = ROOT / "examples" / "jobs" / "mindspore.yaml"
+    body = yaml.safe_load(path.read_text())
+    body["metadata"].update(uid="uid-ms", namespace="default")
+    job = job_spec(body)
+    assert not controlplane.wanted(job)
+    pods = job_plan(job).pods
+    assert [p.env["MS_ENABLE_TFT"] for p in pods] == ["{TTP:1,UCE:1,HCCE:1,RSC:1}"] * 2
+    assert [p.env["MS_SCHED_HOST"] for p in pods] == ["ms-gpt-master-0"] * 2
