@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unbroken.protocol.heartbeat import HeartbeatRecord
+from unbroken.protocol.heartbeat import HeartbeatRecord, Phase
 
 #: Weight of a new interval in the step time's moving average: a few steps to follow a job
 #: whose pace changes, without one slow step (a checkpoint) swinging it.
@@ -153,3 +153,14 @@ def hung(record: HeartbeatRecord, timeout_s: float, now: float) -> Silence | Non
     if stale_s > timeout_s and now - progress_at > timeout_s:
         return Silence(silent_s=stale_s, timeout_s=timeout_s)
     return None
+
+
+def blocked(record: HeartbeatRecord, now: float) -> bool:
+    """Whether a rank asked to stop cannot act on it (blocked in a collective, or stopped): its
+    tick is half a second old, or it made no progress for four of its steps (two seconds at
+    least). A rank that saw its step fail and is stopping (writing last words) is acting."""
+    if record.phase is Phase.STOPPING and record.failed_at >= record.step_at > 0:
+        return False
+    step_s = max(record.step_time_s, 0.05)
+    progress_at = max(record.step_at, record.committed_at, record.state_loaded_at)
+    return now - record.tick_at > 0.5 or now - progress_at > max(2.0, 4 * step_s)

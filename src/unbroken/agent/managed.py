@@ -42,23 +42,17 @@ from typing import Any, assert_never
 from unbroken.agent.children import reap_orphans
 from unbroken.agent.env import CONTROL_VARS, rank_env
 from unbroken.agent.gpumem import GpuMemory, pod_gpus
-from unbroken.agent.hang import HangSettings, StepClock, hang_timeout_s, hung
+from unbroken.agent.hang import HangSettings, StepClock, blocked, hang_timeout_s, hung
 from unbroken.agent.launcher import LaunchArgs
-from unbroken.agent.mindspore import SchedulerSlot, is_mindspore, worker_env
-from unbroken.agent.planes import (
-    PLANES_VAR,
-    START_PLANE_VAR,
-    PlaneWatch,
-    cut_plane,
-    decode_planes,
+from unbroken.agent.mindspore import (
+    SchedulerSlot,
+    is_mindspore,
+    last_words_grace_s,
+    last_words_hold_s,
+    worker_env,
 )
-from unbroken.agent.ranks import (
-    RankExit,
-    RankProcess,
-    Zygote,
-    rank_argv,
-    start_zygote,
-)
+from unbroken.agent.planes import PLANES_VAR, START_PLANE_VAR, PlaneWatch, cut_plane, decode_planes
+from unbroken.agent.ranks import RankExit, RankProcess, Zygote, rank_argv, start_zygote
 from unbroken.protocol.exitreport import read_exit_report
 from unbroken.protocol.heartbeat import HeartbeatReader, HeartbeatRecord, Phase
 from unbroken.protocol.kinds import StepFailure
@@ -439,13 +433,17 @@ class ManagedAgent:
         else:
             for p in live:
                 p.signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
+            began, deadline = time.time(), time.monotonic() + grace_s
+            hold_until = time.monotonic() + last_words_hold_s(os.environ)  # MindSpore's TTP
             while time.monotonic() < deadline and any(p.alive for p in live):
                 # A rank that stopped ticking or stopped making progress cannot act on
-                # SIGTERM (blocked in a collective or stopped): do not wait the grace out.
+                # SIGTERM (blocked in a collective or stopped): do not wait the grace out,
+                # unless it may yet write last words and none of this pod's ranks did.
+                held = time.monotonic() < hold_until and not self._dumped_since(began)
                 for p in live:
-                    if p.alive and self._blocked(p.rank):
+                    if p.alive and not held and self._blocked(p.rank):
                         p.kill()
+                self._send(AgentHeartbeat(ranks=self._progress()))  # alive; last words heard
                 time.sleep(0.05)
             for p in live:
                 p.kill()
@@ -453,14 +451,13 @@ class ManagedAgent:
             p.wait(5.0)
         self._scheduler.stop()
 
+    def _dumped_since(self, at: float) -> bool:
+        snaps = (reader.read() for reader in self._readers.values())
+        return any(snap is not None and snap.dumped_at > at for snap in snaps)
+
     def _blocked(self, rank: int) -> bool:
         snap = self._readers[rank].read()
-        if snap is None:
-            return False
-        now = time.time()
-        step_s = max(snap.step_time_s, 0.05)
-        progress_at = max(snap.step_at, snap.committed_at, snap.state_loaded_at)
-        return now - snap.tick_at > 0.5 or now - progress_at > max(2.0, 4 * step_s)
+        return snap is not None and blocked(snap, time.time())
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -645,7 +642,7 @@ class ManagedAgent:
         """Carry out one order; the agent's exit status when the order ends it."""
         match order:
             case RestartRanks(generation=generation, master_port=port):
-                self._stop_ranks(None)
+                self._stop_ranks(last_words_grace_s(os.environ))  # MindSpore's TTP: time to write
                 if port:
                     self.args = dataclasses.replace(self.args, master_port=port)
                 self._start_ranks(generation)

@@ -28,9 +28,12 @@ from unbroken.agent.children import claim, release
 from unbroken.agent.env import CONTROL_VARS
 from unbroken.agent.launcher import LaunchArgs
 from unbroken.agent.ranks import rank_argv
+from unbroken.spec.envknobs import ms_comm_op_timeout_s, ms_last_words_on
 
 log = logging.getLogger(__name__)
 
+#: What a MindSpore rank writing last words has, once its collective gave up.
+LAST_WORDS_S = 30.0
 #: Set by the job manager on a MindSpore job's agents.
 FRAMEWORK = "UNBROKEN_FRAMEWORK"
 MINDSPORE = "mindspore"
@@ -38,6 +41,24 @@ MINDSPORE = "mindspore"
 
 def is_mindspore(env: Mapping[str, str]) -> bool:
     return env.get(FRAMEWORK) == MINDSPORE
+
+
+def last_words_hold_s(env: Mapping[str, str]) -> float:
+    """How long a restart leaves a MindSpore rank blocked in a collective alone when
+    ``MS_ENABLE_TFT`` turns on last words (``TTP:1``): its collective gives up on the dead peer
+    (``MS_CPU_COMM_OP_TIMEOUT``), then it writes them (:mod:`unbroken.mindspore.session`).
+    0 for every other job: a blocked rank is killed at once."""
+    if not is_mindspore(env) or not ms_last_words_on(env):
+        return 0.0
+    return ms_comm_op_timeout_s(env) + 2.0
+
+
+def last_words_grace_s(env: Mapping[str, str]) -> float | None:
+    """How long a restart gives MindSpore ranks after SIGTERM when last words are on: the hold,
+    then the time to write them. None: SIGKILL at once (every other job: a torch rank's last
+    words are asked for before the restart, by the job manager)."""
+    hold_s = last_words_hold_s(env)
+    return hold_s + LAST_WORDS_S if hold_s else None
 
 
 def cluster_env(args: LaunchArgs) -> dict[str, str]:

@@ -27,6 +27,8 @@ class Generations:
         self._rung_of: dict[int, int | None] = {}
         #: The generation whose replicas were found diverged (unbroken.worker.agreement).
         self._diverged: int | None = None
+        #: Last words heard from ranks of an ended generation, (rank, when written).
+        self.heard: set[tuple[int, float]] = set()
 
     def begin(self, now: float, rung: int | None, replica_step: int | None) -> int:
         """The next generation, begun at ``now`` by the rung of policy generation ``rung``;

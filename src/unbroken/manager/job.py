@@ -66,7 +66,7 @@ from unbroken.manager.liveness import AgentWatch
 from unbroken.manager.milestones import CommReady, FirstCommit, Loaded, Milestones, Progress
 from unbroken.manager.pods import PodProcess
 from unbroken.manager.pool import Pool
-from unbroken.manager.progress import RankView, rank_recovered_alone
+from unbroken.manager.progress import RankView, last_words_of_ended, rank_recovered_alone
 from unbroken.manager.scaling import Elastic
 from unbroken.manager.service import (
     HEARTBEAT_FLOOR_S,
@@ -327,8 +327,7 @@ class JobManager:
             stop = exc
             raise
         except LedgerError as exc:
-            # Nothing the run does can be recorded (a full disk): stop every process and say so
-            # once, rather than train on unrecorded.
+            # Nothing can be recorded (a full disk): stop every process, say so once.
             raise ManagerError(
                 f"cannot write the run's ledger, so the run was stopped: {exc}"
             ) from None
@@ -493,8 +492,9 @@ class JobManager:
             return
         pod.last_heartbeat_at = max(pod.last_heartbeat_at, heard_at)
         gens = self.gens
-        if sender.generation != gens.current:
-            return
+        if sender.generation != gens.current:  # stopping its ranks: their last words count
+            since = gens.began_at(sender.generation)
+            return last_words_of_ended(beat.ranks, since, gens.heard, self.ledger, self.console)
         for row in beat.ranks:
             view = gens.ranks.get(row.rank)
             if view is not None and view.pid == row.pid:

@@ -219,3 +219,27 @@ def rank_recovered_alone(
             at=view.dumped_at,
         )
         console.line(f"last words: rank {view.rank} saved step {view.dumped_step}")
+
+
+def last_words_of_ended(
+    rows: Iterable[RankProgress],
+    since: float,
+    heard: set[tuple[int, float]],
+    ledger: Ledger,
+    console: Console,
+) -> None:
+    """Last words a rank that cannot be repaired in process wrote as its generation was
+    stopped (a MindSpore rank's TTP, after ``since``: the generation's start): its agent's
+    heartbeats still carry the ended generation. Each is recorded once (``heard``)."""
+    for row in rows:
+        rec = row.record
+        if rec is None or rec.recoverable or rec.dumped_step < 0 or rec.dumped_at <= since:
+            continue
+        if (row.rank, rec.dumped_at) in heard:
+            continue
+        heard.add((row.rank, rec.dumped_at))
+        ledger.record(
+            CheckpointSaved(step=rec.dumped_step, path="", duration_s=0.0, last_words=True),
+            at=rec.dumped_at,
+        )
+        console.line(f"last words: rank {row.rank} saved step {rec.dumped_step}")

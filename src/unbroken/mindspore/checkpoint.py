@@ -6,11 +6,15 @@ and ``extra.json`` (the data position and the run's world size), then commits th
 ``MANIFEST.json`` (:mod:`unbroken.checkpoint.manifest`: sizes and sha256 of both files, written
 last and atomically). A directory without a good manifest is never loaded. Data parallelism:
 every rank holds the same state, so one rank (rank 0, or the rank writing last words) saves.
+
+Last words (:func:`save_last_words`) may be tried by every rank that saw the step fail: the
+first to claim the step writes them, the others leave them to it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -18,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unbroken.checkpoint.manifest import find_latest_good, prune, step_dir, write_manifest
+from unbroken.checkpoint.manifest import (
+    CheckpointInvalid,
+    find_latest_good,
+    prune,
+    step_dir,
+    verify,
+    write_manifest,
+)
 
 MODEL_FILE = "model.ckpt"
 EXTRA_FILE = "extra.json"
@@ -47,7 +58,7 @@ def save(
     import mindspore as ms
 
     path = step_dir(root, step)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     ms.save_checkpoint([{"name": n, "data": p} for n, p in params.items()], str(tmp / MODEL_FILE))
@@ -65,15 +76,65 @@ def save(
     return path
 
 
-def load_latest(root: Path, params: Mapping[str, Any]) -> Restored | None:
-    """Load the newest good checkpoint under ``root`` into ``params`` (by name, every one of
-    them); None when there is none."""
+def _claim_path(root: Path, step: int) -> Path:
+    return root / f".{step_dir(root, step).name}.lastwords"
+
+
+def save_last_words(
+    root: Path,
+    step: int,
+    params: Mapping[str, Any],
+    extra: Mapping[str, Any],
+    world_size: int,
+    keep: int,
+) -> Path | None:
+    """Last words of ``step``: written by the first rank to claim them; None when a good
+    checkpoint of that step exists or another rank claimed them."""
+    if is_good(step_dir(root, step)):
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(_claim_path(root, step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return None
+    return save(root, step, params, extra, world_size, keep)
+
+
+def clear_leftovers(root: Path) -> None:
+    """Forget the claims of earlier last words and remove saves that never finished; call it
+    only when every process that could be writing has ended."""
+    for claim_file in root.glob(".step_*.lastwords"):
+        claim_file.unlink(missing_ok=True)
+    for tmp in root.glob(".step_*.tmp.*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_good(path: Path) -> bool:
+    try:
+        verify(path)
+    except CheckpointInvalid:
+        return False
+    return True
+
+
+def load_latest(
+    root: Path, params: Mapping[str, Any], *, step: int | None = None
+) -> Restored | None:
+    """Load the newest good checkpoint under ``root`` (the one of ``step`` when given) into
+    ``params`` (by name, every one of them); None when there is none."""
     import mindspore as ms
 
-    found = find_latest_good(root)
-    if found is None:
-        return None
-    step, path = found
+    if step is None:
+        found = find_latest_good(root)
+        if found is None:
+            return None
+        step, path = found
+    else:
+        path = step_dir(root, step)
+        try:
+            verify(path)
+        except CheckpointInvalid as e:
+            raise CheckpointError(f"checkpoint {path} cannot be loaded: {e.reason}") from None
     saved = ms.load_checkpoint(str(path / MODEL_FILE))
     missing = sorted(set(params) - set(saved))
     if missing:

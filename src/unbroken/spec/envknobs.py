@@ -155,6 +155,28 @@ def parse_ms_enable_tft(text: str) -> dict[TftSwitch, bool]:
     return switches
 
 
+#: MindSpore's CPU collectives give up on a silent peer after ``MS_CPU_COMM_OP_TIMEOUT``
+#: seconds, this many when it is not set.
+MS_COMM_OP_TIMEOUT_DEFAULT_S = 30.0
+
+
+def ms_comm_op_timeout_s(env: Mapping[str, str]) -> float:
+    """``MS_CPU_COMM_OP_TIMEOUT`` (seconds) as MindSpore reads it; its default when unset or
+    not a positive whole number."""
+    raw = env.get("MS_CPU_COMM_OP_TIMEOUT", "").strip()
+    return float(raw) if _INT.fullmatch(raw) and int(raw) > 0 else MS_COMM_OP_TIMEOUT_DEFAULT_S
+
+
+def ms_last_words_on(env: Mapping[str, str]) -> bool:
+    """Whether ``MS_ENABLE_TFT`` turns on last words (``TTP:1``); False when malformed (the
+    rank says so when its session starts)."""
+    tft = env.get("MS_ENABLE_TFT", "").strip()
+    try:
+        return bool(tft) and parse_ms_enable_tft(tft).get(TftSwitch.TTP, False)
+    except KnobSyntaxError:
+        return False
+
+
 def format_ms_enable_tft(switches: Mapping[TftSwitch, bool]) -> str:
     """Canonical order (as :class:`TftSwitch` lists them), no spaces: ``{TTP:1,ARF:1}``."""
     items = [f"{s.value}:{int(switches[s])}" for s in TftSwitch if s in switches]

@@ -14,6 +14,7 @@ import pytest
 from unbroken.agent.hang import (
     HangSettings,
     StepClock,
+    blocked,
     hang_timeout_s,
     hung,
     process_stopped,
@@ -160,3 +161,23 @@ def test_the_state_of_a_process_is_read_from_proc() -> None:
         proc.kill()
         proc.wait()
     assert not process_stopped(proc.pid)
+
+
+# A rank asked to stop (SIGTERM) whose step began at T0 and took 1 s: is it blocked?
+@pytest.mark.parametrize(
+    ("now", "changes", "expected"),
+    [
+        (T0 + 1.0, {}, False),  # ticking, in its step
+        (T0 + 5.0, {}, True),  # no progress for four step times: inside a collective
+        (T0 + 1.0, {"tick_at": T0 + 0.2}, True),  # its tick stopped (SIGSTOP, a wedged lock)
+        # It saw its step fail and stops (writing last words): acting, however long it takes.
+        (T0 + 30.0, {"phase": Phase.STOPPING, "failed_at": T0 + 1.5}, False),
+        # Stopping, but its failure was an earlier step's: blocked as any other.
+        (T0 + 30.0, {"phase": Phase.STOPPING, "failed_at": T0 - 9.0}, True),
+    ],
+)
+def test_a_rank_asked_to_stop_is_blocked_only_when_it_cannot_act(
+    now: float, changes: dict[str, object], expected: bool
+) -> None:
+    rec = _rec(4, T0, step_time_s=1.0, tick_at=now - 0.1)
+    assert blocked(dataclasses.replace(rec, **changes), now) is expected  # type: ignore[arg-type]

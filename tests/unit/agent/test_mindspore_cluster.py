@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from unbroken.agent.launcher import parse_launch_args
-from unbroken.agent.mindspore import SchedulerSlot, is_mindspore, worker_env
+from unbroken.agent.mindspore import (
+    LAST_WORDS_S,
+    SchedulerSlot,
+    is_mindspore,
+    last_words_grace_s,
+    last_words_hold_s,
+    worker_env,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -29,6 +36,32 @@ def _args(script: str = "t.py", *script_args: str) -> object:
             *script_args,
         ]
     )
+
+
+MS = {"UNBROKEN_FRAMEWORK": "mindspore"}
+
+
+@pytest.mark.parametrize(
+    ("env", "hold"),
+    [
+        # MindSpore's CPU collective gives up on a dead peer after 30 s unless told otherwise.
+        ({**MS, "MS_ENABLE_TFT": "{TTP:1,UCE:1}"}, 32.0),
+        ({**MS, "MS_ENABLE_TFT": "{TTP:1}", "MS_CPU_COMM_OP_TIMEOUT": "8"}, 10.0),
+        ({**MS, "MS_ENABLE_TFT": "{TTP:1}", "MS_CPU_COMM_OP_TIMEOUT": "-3"}, 32.0),
+        ({**MS, "MS_ENABLE_TFT": "{TTP:0,UCE:1}"}, 0.0),
+        ({**MS, "MS_ENABLE_TFT": ""}, 0.0),
+        ({**MS, "MS_ENABLE_TFT": "{TTP"}, 0.0),  # malformed: the rank says so
+        (MS, 0.0),
+        ({"MS_ENABLE_TFT": "{TTP:1}"}, 0.0),  # a torch job: its last words are asked for
+    ],
+)
+def test_a_restart_leaves_mindspore_ranks_time_for_last_words_only_with_ttp(
+    env: dict[str, str], hold: float
+) -> None:
+    # A rank blocked in a collective is left until the collective gives up on the dead peer;
+    # then it has LAST_WORDS_S to write them.
+    assert last_words_hold_s(env) == hold
+    assert last_words_grace_s(env) == (hold + LAST_WORDS_S if hold else None)
 
 
 def test_a_worker_gets_msruns_variables() -> None:

@@ -1,0 +1,51 @@
+"""Last words a MindSpore rank writes while a restart stops it (unbroken.manager.progress): its
+agent still reports the ended generation; each is recorded once, and said."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from unbroken.ledger import Ledger
+from unbroken.manager.console import Console
+from unbroken.manager.progress import last_words_of_ended
+from unbroken.protocol.heartbeat import HeartbeatRecord
+from unbroken.protocol.messages import RankProgress
+
+pytestmark = pytest.mark.unit
+
+BEGAN = 1767225600.0  # the ended generation's start
+
+
+def _row(
+    rank: int, dumped_step: int = -1, dumped_at: float = 0.0, recoverable: int = 0
+) -> RankProgress:
+    record = HeartbeatRecord(
+        pid=100 + rank,
+        rank=rank,
+        recoverable=recoverable,
+        dumped_step=dumped_step,
+        dumped_at=dumped_at,
+    )
+    return RankProgress(rank=rank, pid=100 + rank, alive=True, record=record)
+
+
+def test_the_last_words_of_a_stopped_generation_are_recorded_once(tmp_path: Path) -> None:
+    out = io.StringIO()
+    console, heard = Console(out=out), set[tuple[int, float]]()
+    rows = (
+        _row(0, dumped_step=16, dumped_at=BEGAN + 30.0),  # wrote them as it stopped
+        _row(1),  # left them to rank 0
+        _row(2, dumped_step=10, dumped_at=BEGAN - 5.0),  # an earlier generation's
+        _row(3, dumped_step=16, dumped_at=BEGAN + 31.0, recoverable=1),  # a torch rank's
+        RankProgress(rank=4, pid=104, alive=False),  # no record
+    )
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        for _ in range(3):  # the agent reports every 50 ms while its ranks stop
+            last_words_of_ended(rows, BEGAN, heard, ledger, console)
+        saved = [r.data for r in ledger.events(kinds=["CheckpointSaved"])]
+    assert [(d["step"], d["last_words"]) for d in saved] == [(16, True)]
+    assert out.getvalue().count("last words: rank 0 saved step 16") == 1
+    assert "rank 3" not in out.getvalue()
