@@ -10,11 +10,14 @@ configs of LLaMA and Qwen set it to 0). Runs unchanged under ``msrun`` and under
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True \\
         examples/train_ms_gpt.py --steps 30 --ckpt-dir /tmp/ms-ckpt --ckpt-every 10
 
-Everything that decides the result is a function of ``--seed``: the initial weights and the
-tokens of every (step, data-parallel rank). Killed at any point and restarted, the run resumes
-from its newest good checkpoint (or its last words) and ends bitwise equal to an uninterrupted
-run. Rank 0 writes ``--result`` as JSON: the steps trained, the world size and the sha256 digest
-of the final state (network and optimizer).
+The data is a ``mindspore.dataset`` pipeline (a random-access corpus, shuffled and sharded
+per rank, batched) that the session serves (``data=``), and the tokens seen so far are state
+the script registers (``state=``). Everything that decides the result is a function of
+``--seed``: the initial weights, the corpus and every epoch's order. Killed at any point and
+restarted, the run resumes from its newest good checkpoint (or its last words), its data and
+its registered state where they were, and ends bitwise equal to an uninterrupted run. Rank 0
+writes ``--result`` as JSON: the steps trained, the world size, the data position, the tokens
+seen and the sha256 digest of the final state (network and optimizer).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mindspore as ms
+import mindspore.dataset as ds
 import numpy as np
 from mindspore import nn, ops
-from mindspore.communication import get_rank, init
+from mindspore.communication import get_group_size, get_rank, init
 
 import unbroken.mindspore as ub
 
@@ -128,15 +133,38 @@ class WarmUpCosine(nn.learning_rate_schedule.LearningRateSchedule):
         return ops.where(step < self.warmup, warm, cosine)
 
 
-def batch(cfg: GPTConfig, seed: int, step: int, dp_rank: int) -> tuple[ms.Tensor, ms.Tensor]:
-    """The tokens of ``step`` for data-parallel rank ``dp_rank``: a pure function of its inputs
-    (a repeating pattern with noise, so the loss falls)."""
-    rng = np.random.default_rng([seed, step, dp_rank])
-    start = rng.integers(0, cfg.vocab_size, size=(cfg.batch_size, 1))
-    seq = (start + 3 * np.arange(cfg.seq_length + 1)) % cfg.vocab_size
-    noise = rng.random(seq.shape) < 0.1
-    seq = np.where(noise, rng.integers(0, cfg.vocab_size, size=seq.shape), seq).astype(np.int32)
-    return ms.Tensor(seq[:, :-1]), ms.Tensor(seq[:, 1:])
+class TokenCorpus:
+    """A corpus of ``size`` token sequences, random access (so a sampler can shuffle and shard
+    it): sample ``i`` is a pure function of (seed, i), a repeating pattern with noise, so the
+    loss falls."""
+
+    def __init__(self, cfg: GPTConfig, seed: int, size: int) -> None:
+        self.cfg, self.seed, self.size = cfg, seed, size
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        cfg = self.cfg
+        rng = np.random.default_rng([self.seed, int(i)])
+        seq = (rng.integers(0, cfg.vocab_size) + 3 * np.arange(cfg.seq_length + 1)) % cfg.vocab_size
+        noise = rng.random(seq.shape) < 0.1
+        seq = np.where(noise, rng.integers(0, cfg.vocab_size, size=seq.shape), seq)
+        return seq[:-1].astype(np.int32), seq[1:].astype(np.int32)
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class TokensSeen:
+    """Training state of the script's own, registered with the session: checkpointed, and
+    rolled back with a step that is redone."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"tokens": self.tokens}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.tokens = int(state["tokens"])
 
 
 def main() -> None:
@@ -152,7 +180,7 @@ def main() -> None:
 
     ms.set_device("CPU")
     init()  # the dynamic cluster: MS_ROLE, MS_SCHED_HOST/PORT, MS_WORKER_NUM from the launcher
-    rank = get_rank()
+    rank, world = get_rank(), get_group_size()
 
     cfg = GPTConfig(num_layers=args.layers)
     ms.set_seed(args.seed)
@@ -167,13 +195,27 @@ def main() -> None:
     # Forward and backward compiled into one graph (MindFormers trains in graph mode too).
     grad_fn = ms.jit(ms.value_and_grad(network, None, optimizer.parameters))
 
+    # Each rank reads its shard, shuffled anew every epoch (the session seeds each epoch).
+    corpus = TokenCorpus(cfg, args.seed, size=16 * cfg.batch_size * world)
+    dataset = ds.GeneratorDataset(
+        corpus, ["tokens", "labels"], shuffle=True, num_shards=world, shard_id=rank
+    ).batch(cfg.batch_size, drop_remainder=True)
+    seen = TokensSeen()
+
     session = ub.init(
-        network, optimizer, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, seed=args.seed
+        network,
+        optimizer,
+        ckpt_dir=args.ckpt_dir,
+        ckpt_every=args.ckpt_every,
+        seed=args.seed,
+        data=dataset,
+        state={"tokens_seen": seen},
     )
     loss = None
-    for step in session.steps(args.steps):
-        tokens, labels = batch(cfg, args.seed, step, rank)
+    for _ in session.steps(args.steps):
+        tokens, labels = session.batch()
         loss, grads = grad_fn(tokens, labels)
+        seen.tokens += int(tokens.size)
         session.apply(grads, clip_norm=1.0)
     session.close()
     if loss is not None and rank == 0:
@@ -185,6 +227,8 @@ def main() -> None:
             "world_size": session.world_size,
             "start_step": session.start_step,
             "recoveries": session.recoveries,
+            "data_position": session.data_position,
+            "tokens_seen": seen.tokens,
             "digest": ub.state_digest(network, optimizer),
         }
         path = Path(args.result)

@@ -2,9 +2,11 @@
 way MindFormers' models are, compiled forward and backward, ``AdamWeightDecay`` on a warm-up
 then cosine schedule, gradient clipping) launched with ``msrun`` in 2 pods x 1 rank, on
 MindSpore's own dynamic cluster (a Scheduler beside node rank 0's ranks) and its own
-``AllReduce``. One run takes a fault for each rung a MindSpore job has (HCCE and UCE retry in
-process, TTP last words, RSC: a pod moved off a failed device, every rank restarted from a
-checkpoint) and ends bitwise equal to the fault-free run."""
+``AllReduce``, reading a shuffled, sharded ``mindspore.dataset`` pipeline through the session.
+One run takes a fault for each rung a MindSpore job has (HCCE and UCE retry in process, TTP
+last words of a healthy rank when a peer is killed, RSC: a pod moved off a failed device, every
+rank restarted) and ends bitwise equal to the fault-free run, its data and registered state
+included."""
 
 from __future__ import annotations
 
@@ -71,20 +73,26 @@ def test_retry_last_words_and_rescheduling_end_with_the_fault_free_state(
         (0, 1, "link"),
         (1, 3, "device memory"),
     ], res.explain()
-    # Two faults left, each a restart of every rank: the exception (an in-pod restart from rank
-    # 0's last words of step 5, nothing recomputed) and the failed device (its pod moved off it,
-    # from the newest checkpoint).
+    # Two faults left, each a restart of every rank: rank 1 killed (an in-pod restart from the
+    # healthy rank 0's last words of step 5, nothing recomputed) and the failed device (its pod
+    # moved off it, from the newest checkpoint or last words).
     assert "2 fault(s), 2 recovery(ies)" in res.stdout, res.explain()
     decisions = of_kind(evs, "DecisionMade")
     assert [d["strategy"] for d in decisions] == ["process-restart", "pod-rescheduling"]
     assert all(
         "MindSpore ranks cannot leave a broken communicator" in d["reason"] for d in decisions
     )
-    last_words = [e for e in of_kind(evs, "CheckpointSaved") if e["last_words"]]
-    assert [e["step"] for e in last_words] == [5], res.explain()
+    last_words = [e["step"] for e in of_kind(evs, "CheckpointSaved") if e["last_words"]]
+    assert last_words[0] == 5, res.explain()
     loaded = [e["step"] for e in of_kind(evs, "StateLoaded") if e["generation"] > 0]
-    assert len(loaded) == 2 and loaded[0] == 5 and loaded[1] in range(8, STEPS, 2), res.explain()
+    assert len(loaded) == 2 and loaded[0] == 5 and loaded[1] >= 8, res.explain()
+    # Each restart resumed at the newest step saved: a checkpoint (every 2) or last words.
+    assert loaded[1] % 2 == 0 or loaded[1] in last_words, res.explain()
     # The result: bit for bit the fault-free run's, from processes that resumed at a checkpoint.
     final = result(run_dir)
     assert final["start_step"] == loaded[1]
     assert final["digest"] == fault_free["digest"]
+    # The data resumed where each checkpoint left it, the registered state too (the redone
+    # steps' tokens counted once).
+    assert final["data_position"] == fault_free["data_position"] == [1, 8]
+    assert final["tokens_seen"] == fault_free["tokens_seen"] == STEPS * 4 * 32

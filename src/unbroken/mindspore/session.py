@@ -33,7 +33,12 @@ small all-reduce, whether any rank's step failed. ``MS_ENABLE_TFT`` decides what
 - ``HCCE:1``, a link error of the step's collective: the step is left out and redone;
 - otherwise the error ends the process (the job manager restarts the ranks: ``RSC``); with
   ``TTP:1`` and a state the error did not touch (not a memory error, not in the optimizer
-  update), the rank first writes *last words*: the committed state as a checkpoint.
+  update), the rank first writes *last words*: the committed state as a checkpoint. A peer's
+  death is such an error for the healthy ranks (their step's all-reduce fails): one of them
+  (the first to claim the step) writes the last words, so the restart loses no committed step.
+
+Every rank resumes at the same step: after loading, the ranks agree in one all-reduce on the
+newest good checkpoint any of them found, and a rank that found an older one loads that step.
 
 What this session cannot do, and why: a MindSpore rank cannot leave a broken communicator and join
 a new one in the same process on these builds (MindSpore's dynamic-cluster recovery runs on GPUs in
@@ -47,20 +52,28 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
 from unbroken.checkpoint.manifest import step_dir
 from unbroken.mindspore import checkpoint
+from unbroken.mindspore.codec import as_float32, found_steps_got, found_steps_sent, from_float32
+from unbroken.mindspore.data import Batches
 from unbroken.protocol.exitreport import ExitReport, write_exit_report
 from unbroken.protocol.kinds import StepFailure
-from unbroken.spec.envknobs import KnobSyntaxError, TftSwitch, parse_ms_enable_tft
+from unbroken.spec.envknobs import (
+    KnobSyntaxError,
+    TftSwitch,
+    ms_comm_op_timeout_s,
+    parse_ms_enable_tft,
+)
 from unbroken.worker.chaosentries import ChaosEntry, claim, entries_from_env
 from unbroken.worker.env import WorkerEnv, process_started_at
 from unbroken.worker.failure import DeviceMemoryError, device_code
@@ -71,6 +84,8 @@ logger = logging.getLogger(__name__)
 
 _EWMA_WEIGHT = 0.2
 _STOP_BASE_S = 5.0
+#: What a stop request's deadline adds for last words (the agent's grace is longer).
+_LAST_WORDS_S = 30.0
 #: The fault code of an uncorrectable device memory error (unbroken/faults/codes.yaml).
 MEMORY_ERROR_CODE = "80E01801"
 #: What a failed step's agreement carries, per rank: [memory error, link error].
@@ -140,6 +155,8 @@ class Session:
         keep: int,
         switches: dict[TftSwitch, bool],
         heartbeat: HeartbeatWriter | None,
+        state: Mapping[str, Any] | None = None,
+        data: Any = None,
     ) -> None:
         import mindspore as ms
         from mindspore import ops
@@ -156,6 +173,24 @@ class Session:
         self.heartbeat = heartbeat
         self.rank, self.world_size = _world()
         self.params = tracked_parameters(network, optimizer)
+        self.state = dict(state or {})
+        for name, obj in self.state.items():
+            if not callable(getattr(obj, "state_dict", None)) or not callable(
+                getattr(obj, "load_state_dict", None)
+            ):
+                raise TypeError(
+                    f"state[{name!r}] ({type(obj).__name__}) has no state_dict() and "
+                    "load_state_dict(): it cannot be checkpointed"
+                )
+        self._committed_state = self._state_dicts()  # what a redone step goes back to
+        self._batches: Batches | None = None
+        if data is not None:
+            if seed is None:
+                import mindspore.dataset as ds
+
+                self._batches = Batches(data, ds.config.get_seed())
+            else:
+                self._batches = Batches(data, seed)
         self.restored: checkpoint.Restored | None = None
         self.start_step = 0
         self.recoveries = 0  # steps redone after a memory or link error
@@ -190,6 +225,72 @@ class Session:
     def managed(self) -> bool:
         return self.env.managed
 
+    @property
+    def data_position(self) -> list[int] | None:
+        """``[epoch, batches into the epoch]`` of the committed step's data (None without
+        ``data=``)."""
+        return self._batches.committed_position if self._batches is not None else None
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.requested
+
+    def request_stop(self) -> None:
+        """Stop at the next step boundary, as SIGTERM does (without its deadline)."""
+        self._stop.request()
+
+    def batch(self) -> Any:
+        """The next batch of ``data=``: an endless stream across epochs, the same batches
+        again when a step is redone (:mod:`unbroken.mindspore.data`)."""
+        if self._batches is None:
+            raise RuntimeError("no data was given to unbroken.mindspore.init(data=...)")
+        return self._batches.next()
+
+    # -- registered state ----------------------------------------------------------------------
+
+    def _state_dicts(self) -> dict[str, Any]:
+        """Every registered object's state, deep-copied (JSON is what a checkpoint holds)."""
+        out = {}
+        for name, obj in self.state.items():
+            try:
+                out[name] = json.loads(json.dumps(obj.state_dict()))
+            except (TypeError, ValueError) as e:
+                raise TypeError(
+                    f"state[{name!r}].state_dict() cannot be checkpointed: {e} (it must hold "
+                    "numbers, strings, lists and dicts)"
+                ) from None
+        return out
+
+    def _extra(self) -> dict[str, Any]:
+        """What a checkpoint of the committed state holds besides the parameters."""
+        extra: dict[str, Any] = {"step": self._committed, "world_size": self.world_size}
+        if self._batches is not None:
+            extra["data"] = self._batches.committed_position
+        if self.state:
+            extra["state"] = self._committed_state
+        return extra
+
+    def _restore_extra(self, restored: checkpoint.Restored) -> None:
+        """The data position and the registered state of a restored checkpoint."""
+        extra = restored.extra
+        if self._batches is not None:
+            if "data" not in extra:
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {restored.path} holds no data position: it was written by a "
+                    "run without data=, so where this one's data resumes is unknown"
+                )
+            self._batches.load(extra["data"])
+        saved = extra.get("state", {})
+        missing = sorted(set(self.state) - set(saved))
+        if missing:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {restored.path} holds no state {', '.join(map(repr, missing))}: "
+                "it was written by a run that did not register it"
+            )
+        for name, obj in self.state.items():
+            obj.load_state_dict(saved[name])
+        self._committed_state = self._state_dicts()
+
     # -- start ---------------------------------------------------------------------------------
 
     def _start(self) -> None:
@@ -199,6 +300,9 @@ class Session:
         try:
             if self.ckpt_dir is not None:
                 self.restored = checkpoint.load_latest(self.ckpt_dir, self.params)
+                self._agree_on_restored(self.ckpt_dir)
+            if self.restored is not None:
+                self._restore_extra(self.restored)
             if self.restored is not None:
                 self._committed = self.restored.step
                 logger.warning(
@@ -221,6 +325,28 @@ class Session:
         except BaseException:
             self._fail()
             raise
+
+    def _agree_on_restored(self, root: Path) -> None:
+        """Every rank resumes at the same step: the newest good checkpoint any rank found (the
+        ranks tell each other in one all-reduce); a rank that found an older one loads that
+        step. Then rank 0 clears what earlier processes left (last words' claims, saves that
+        never finished): every one of them has ended before this cluster was built."""
+        if self._allreduce is not None:
+            found = self.restored.step if self.restored is not None else None
+            mine = found_steps_sent(found, self.rank, self.world_size)
+            steps = found_steps_got(self._allreduce(self._ms.Tensor(mine)).asnumpy())
+            newest = max((s for s in steps if s is not None), default=None)
+            if newest is not None and found != newest:
+                logger.warning(
+                    "rank %d: rank %d found step %d, newer than this rank's %s: loading it",
+                    self.rank,
+                    steps.index(newest),
+                    newest,
+                    "none" if found is None else found,
+                )
+                self.restored = checkpoint.load_latest(root, self.params, step=newest)
+        if self.rank == 0:
+            checkpoint.clear_leftovers(root)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -257,6 +383,8 @@ class Session:
     def _begin(self, step: int) -> None:
         self._step = step
         self._failure = None
+        if self._batches is not None:
+            self._batches.begin_step()
         if self.seed is not None:
             self._ms.set_seed(_step_seed(self.seed, self.rank, step))
         self._fire_chaos(step)
@@ -273,6 +401,8 @@ class Session:
         step was left out (it is redone)."""
         from mindspore import ops
 
+        if self._stop.requested:  # a peer may be gone: leave before its collective blocks
+            self._leave()  # the step's gradients are dropped; the committed state is whole
         if self._failure is not None:
             kind, error = self._failure
             if not self._retries(kind):
@@ -351,6 +481,10 @@ class Session:
         self._failure = None
         self._corrupt = False
         self._redo = True
+        if self._batches is not None:
+            self._batches.redo()
+        for name, obj in self.state.items():  # back to the committed step's
+            obj.load_state_dict(json.loads(json.dumps(self._committed_state[name])))
         if self.heartbeat is not None and mine is not None:
             # The rank whose step failed tells the job manager (it records the redone step).
             self._redone += 1
@@ -367,7 +501,7 @@ class Session:
         ms = self._ms
         assert self._allreduce is not None
         params = sorted(self.params.items())
-        parts = [_as_float32(p.asnumpy()) for _, p in params]
+        parts = [as_float32(p.asnumpy()) for _, p in params]
         flat = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         if self.rank != source:
             flat = np.full_like(flat, -0.0)
@@ -377,12 +511,16 @@ class Session:
         at = 0
         for (_, p), part in zip(params, parts, strict=True):
             data = p.asnumpy()
-            p.set_data(ms.Tensor(_from_float32(got[at : at + part.size], data)))
+            p.set_data(ms.Tensor(from_float32(got[at : at + part.size], data)))
             at += part.size
 
     def _commit(self, step: int) -> None:
         elapsed = time.monotonic() - self._step_began
         self._committed = step + 1
+        if self._batches is not None:
+            self._batches.commit()
+        if self.state:
+            self._committed_state = self._state_dicts()
         if self._first_commit:
             self._step_time_s = elapsed
         else:
@@ -437,30 +575,32 @@ class Session:
 
     # -- checkpoints and last words -----------------------------------------------------------
 
-    def save_checkpoint(self, step: int | None = None) -> Path:
-        """Save the committed state (rank 0 only: every rank holds the same)."""
-        step = self._committed if step is None else step
+    def save_checkpoint(self) -> Path:
+        """Save the committed state (rank 0 only: every rank holds the same), at a step
+        boundary."""
+        step = self._committed
         if self.ckpt_dir is None:
             raise RuntimeError("no checkpoint directory was given to unbroken.mindspore.init")
         if self.rank != 0:
             return step_dir(self.ckpt_dir, step)
         path = checkpoint.save(
-            self.ckpt_dir,
-            step,
-            self.params,
-            {"step": step, "world_size": self.world_size},
-            self.world_size,
-            self.keep,
+            self.ckpt_dir, step, self.params, self._extra(), self.world_size, self.keep
         )
         if self.heartbeat is not None:
             self.heartbeat.update(ckpt_step=step, ckpt_at=time.time())
         return path
 
-    def _last_words(self, error: BaseException) -> None:
-        """TTP: the committed state as a checkpoint, from this rank alone, when the error left
-        it whole."""
+    def _last_words(self, error: BaseException | None) -> None:
+        """TTP: the committed state as a checkpoint when the error left it whole (this rank's
+        own error, or its step's collective failing because a peer died) or when the rank
+        stops on request at a step boundary (``error`` None: the job manager restarts the
+        ranks). Every rank that can tries; the first to claim the step writes
+        (:func:`checkpoint.save_last_words`)."""
         if not self.switches.get(TftSwitch.TTP) or self.ckpt_dir is None:
             return
+        if self.heartbeat is not None:  # acting on the failure: the agent waits for it
+            now = time.time()
+            self.heartbeat.update(phase=Phase.STOPPING, failed_step=self._step, failed_at=now)
         if self._updating or self._corrupt or isinstance(error, DeviceMemoryError):
             logger.error(
                 "rank %d: no last words: %s",
@@ -473,11 +613,11 @@ class Session:
                 self.heartbeat.update(dump_failed_at=time.time())
             return
         try:
-            path = checkpoint.save(
+            path = checkpoint.save_last_words(
                 self.ckpt_dir,
                 self._committed,
                 self.params,
-                {"step": self._committed, "world_size": self.world_size},
+                self._extra(),
                 self.world_size,
                 self.keep,
             )
@@ -485,6 +625,13 @@ class Session:
             logger.error("rank %d: no last words: writing them failed: %s", self.rank, e)
             if self.heartbeat is not None:
                 self.heartbeat.update(dump_failed_at=time.time())
+            return
+        if path is None:
+            logger.warning(
+                "rank %d: last words of step %d left to the rank that claimed them",
+                self.rank,
+                self._committed,
+            )
             return
         logger.warning(
             "rank %d: last words of step %d written to %s", self.rank, self._committed, path
@@ -495,7 +642,12 @@ class Session:
     # -- stopping and closing -----------------------------------------------------------------
 
     def _stop_deadline_s(self) -> float:
-        return _STOP_BASE_S + 3 * self._step_time_s
+        """A stop request's deadline; with last words on, time for them too (the step's
+        collective may fail only after the request, a peer having died)."""
+        last_words_s = 0.0
+        if self.switches.get(TftSwitch.TTP):  # the collective gives up, then they are written
+            last_words_s = ms_comm_op_timeout_s(os.environ) + _LAST_WORDS_S
+        return _STOP_BASE_S + 3 * self._step_time_s + last_words_s
 
     def _on_stop_request(self) -> None:
         if self.heartbeat is not None:
@@ -505,6 +657,7 @@ class Session:
         logger.warning(
             "rank %d stopping on request after %d committed steps", self.rank, self._committed
         )
+        self._last_words(None)
         self._shutdown(exiting=True)
         raise TrainingStopped(self._committed)
 
@@ -555,24 +708,6 @@ class Session:
             self.heartbeat.close()
 
 
-def _as_float32(data: Any) -> Any:
-    """``data`` as a flat float32 array that a sum with -0.0 leaves exact."""
-    import numpy as np
-
-    if data.dtype in (np.float32, np.float16):
-        return data.astype(np.float32).reshape(-1)
-    return np.ascontiguousarray(data).view(np.uint8).astype(np.float32).reshape(-1)
-
-
-def _from_float32(flat: Any, like: Any) -> Any:
-    """The inverse of :func:`_as_float32`, shaped and typed as ``like``."""
-    import numpy as np
-
-    if like.dtype in (np.float32, np.float16):
-        return flat.astype(like.dtype).reshape(like.shape)
-    return flat.astype(np.uint8).view(like.dtype).reshape(like.shape)
-
-
 def _step_seed(seed: int, rank: int, step: int) -> int:
     digest = hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
@@ -586,6 +721,8 @@ def init(
     ckpt_every: int = 0,
     seed: int | None = None,
     keep: int = 2,
+    state: Mapping[str, Any] | None = None,
+    data: Any = None,
 ) -> Session:
     """Start the rank's session: restore the newest good checkpoint and, under an Unbroken
     agent, write the rank's heartbeat and take SIGTERM as a stop request. Call it after
@@ -618,6 +755,8 @@ def init(
         keep=keep,
         switches=switches,
         heartbeat=heartbeat,
+        state=state,
+        data=data,
     )
     session._start()
     return session

@@ -1,13 +1,14 @@
-"""The encoding a corrupt MindSpore rank's repair travels in (unbroken.mindspore.session): every
-dtype as float32 that a sum with the other ranks' -0.0 leaves bit for bit (MindSpore's CPU
-all-reduce sums float32 and float16 only)."""
+"""The encodings MindSpore ranks' all-reduces carry (unbroken.mindspore.codec): a corrupt
+rank's repair, every dtype as float32 that a sum with the other ranks' -0.0 leaves bit for bit
+(MindSpore's CPU all-reduce sums float32 and float16 only), and the checkpoint step each rank
+found, exact at any step."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from unbroken.mindspore.session import _as_float32, _from_float32
+from unbroken.mindspore.codec import as_float32, found_steps_got, found_steps_sent, from_float32
 
 pytestmark = pytest.mark.unit
 
@@ -24,11 +25,11 @@ VALUES = {
 @pytest.mark.parametrize("name", sorted(VALUES))
 def test_the_source_s_values_arrive_bit_for_bit(name: str) -> None:
     data = VALUES[name]
-    sent = _as_float32(data)
+    sent = as_float32(data)
     assert sent.dtype == np.float32 and sent.ndim == 1
     others = np.full_like(sent, -0.0)
     summed = sent + others + others  # the all-reduce of three ranks, the source first
-    got = _from_float32(summed, data)
+    got = from_float32(summed, data)
     assert got.dtype == data.dtype and got.shape == data.shape
     assert got.tobytes() == data.tobytes()
 
@@ -38,3 +39,18 @@ def test_a_plain_zero_from_the_others_would_flip_a_negative_zero() -> None:
     negative_zero = np.array([-0.0], np.float32)
     assert (negative_zero + np.float32(0.0)).tobytes() != negative_zero.tobytes()
     assert (negative_zero + np.float32(-0.0)).tobytes() == negative_zero.tobytes()
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        [None, None],
+        [10, 16],
+        [None, 0, 7],
+        [(1 << 24) + 3, 5, None, (1 << 31) - 2],  # beyond float32's whole numbers
+    ],
+)
+def test_every_rank_learns_the_step_each_rank_found(found: list[int | None]) -> None:
+    world = len(found)
+    summed = sum(found_steps_sent(step, rank, world) for rank, step in enumerate(found))
+    assert found_steps_got(np.asarray(summed, np.float32)) == found

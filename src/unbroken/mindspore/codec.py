@@ -1,0 +1,53 @@
+"""What MindSpore ranks' all-reduces carry, encoded so that a sum leaves it exact.
+
+MindSpore's CPU all-reduce sums float32 and float16 only. A corrupt rank's repair sends every
+parameter as float32 (other dtypes byte by byte, one float32 per byte) to which every other
+rank adds -0.0 (x + -0.0 = x for every float32, signed zeros included); the step each rank's
+checkpoint reached travels at that rank's place, in two float32 halves that each hold it
+exactly, zeros elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: A step travels as two float32 halves (quotient and remainder by this), each exact.
+_SPLIT = 1 << 20
+
+
+def as_float32(data: Any) -> Any:
+    """``data`` as a flat float32 array that a sum with -0.0 leaves exact."""
+    import numpy as np
+
+    if data.dtype in (np.float32, np.float16):
+        return data.astype(np.float32).reshape(-1)
+    return np.ascontiguousarray(data).view(np.uint8).astype(np.float32).reshape(-1)
+
+
+def from_float32(flat: Any, like: Any) -> Any:
+    """The inverse of :func:`as_float32`, shaped and typed as ``like``."""
+    import numpy as np
+
+    if like.dtype in (np.float32, np.float16):
+        return flat.astype(like.dtype).reshape(like.shape)
+    return flat.astype(np.uint8).view(like.dtype).reshape(like.shape)
+
+
+def found_steps_sent(step: int | None, rank: int, world: int) -> Any:
+    """What ``rank`` adds to the all-reduce that tells every rank the checkpoint step each one
+    found (None: none): zeros but at its own places, the step + 1 in two float32 halves that
+    each hold it exactly."""
+    import numpy as np
+
+    sent = np.zeros((2, world), np.float32)
+    sent[:, rank] = divmod(0 if step is None else step + 1, _SPLIT)
+    return sent.reshape(-1)
+
+
+def found_steps_got(summed: Any) -> list[int | None]:
+    """Every rank's found step, by rank, from the all-reduce's sum."""
+    import numpy as np
+
+    halves = summed.reshape(2, -1).astype(np.int64)
+    both = (int(hi) * _SPLIT + int(lo) for hi, lo in zip(*halves, strict=True))
+    return [n - 1 if n else None for n in both]
