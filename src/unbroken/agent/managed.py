@@ -424,7 +424,7 @@ class ManagedAgent:
             self._zygote.close()
             self._zygote = None
 
-    def _stop_ranks(self, grace_s: float | None) -> None:
+    def _stop_ranks(self, grace_s: float | None, *, hold: bool = True) -> None:
         live = [p for p in self.ranks.values() if p.alive]
         self._expected_exit.update(p.pid for p in live)
         if grace_s is None:
@@ -434,7 +434,7 @@ class ManagedAgent:
             for p in live:
                 p.signal(signal.SIGTERM)
             began, deadline = time.time(), time.monotonic() + grace_s
-            hold_until = time.monotonic() + last_words_hold_s(os.environ)  # MindSpore's TTP
+            hold_until = time.monotonic() + (last_words_hold_s(os.environ) if hold else 0.0)
             while time.monotonic() < deadline and any(p.alive for p in live):
                 # A rank that stopped ticking or stopped making progress cannot act on
                 # SIGTERM (blocked in a collective or stopped): do not wait the grace out,
@@ -641,8 +641,8 @@ class ManagedAgent:
     def _obey(self, order: Order) -> int | None:
         """Carry out one order; the agent's exit status when the order ends it."""
         match order:
-            case RestartRanks(generation=generation, master_port=port):
-                self._stop_ranks(last_words_grace_s(os.environ))  # MindSpore's TTP: time to write
+            case RestartRanks(generation=generation, master_port=port, last_words=written):
+                self._stop_ranks(last_words_grace_s(os.environ), hold=not written)  # TTP
                 if port:
                     self.args = dataclasses.replace(self.args, master_port=port)
                 self._start_ranks(generation)

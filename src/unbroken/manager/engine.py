@@ -398,8 +398,9 @@ class Engine:
             )
             self.unplaced = None
             return self.start_then_restart_others(gone, self.warm_nodes(gone), terms)
+        written = self.gens.last_words_written()
         gen = self.begin_generation(terms.rung)
-        self._restart_ranks(list(self.pods), gen)
+        self._restart_ranks(list(self.pods), gen, last_words=written)
         self.ctx.console.line(f"generation {gen}: ranks restart in place")
         return []
 
@@ -420,14 +421,13 @@ class Engine:
             return
         self._restart_ranks([p for p in self.pods if p not in placed], self.gens.current)
 
-    def _restart_ranks(self, pods: Sequence[str], gen: int) -> None:
+    def _restart_ranks(self, pods: Sequence[str], gen: int, *, last_words: bool = False) -> None:
+        order = RestartRanks(generation=gen, master_port=self.master_port, last_words=last_words)
         for name in pods:
             proc = self.pods[name]
             proc.generation = gen
             proc.finished = False
-            self.ctx.commands.send(
-                name, proc.pid, RestartRanks(generation=gen, master_port=self.master_port)
-            )
+            self.ctx.commands.send(name, proc.pid, order)
 
     # ---- placing ------------------------------------------------------------------------
     def place_and_start(

@@ -30,6 +30,14 @@ class Generations:
         #: Last words heard from ranks of an ended generation, (rank, when written).
         self.heard: set[tuple[int, float]] = set()
 
+    def last_words_written(self) -> bool:
+        """Whether a rank of the current generation wrote last words of the step every rank
+        committed (its heartbeat said so)."""
+        views = self.ranks.values()
+        committed = min((v.committed for v in views), default=0)
+        since = self.began_at(self.current)
+        return any(v.dumped_at > since and v.dumped_step >= committed for v in views)
+
     def begin(self, now: float, rung: int | None, replica_step: int | None) -> int:
         """The next generation, begun at ``now`` by the rung of policy generation ``rung``;
         ``replica_step``: its ranks resume at that step from a replica."""

@@ -501,7 +501,7 @@ class JobManager:
                 seen, phase, was = view.op_retries, view.phase, (view.recoveries, view.dumped_at)
                 view.update(row)
                 if not view.recoverable:  # a MindSpore rank's own retry and last words
-                    rank_recovered_alone(view, was, self.ledger, self.console)
+                    rank_recovered_alone(view, was, gens.heard, self.ledger, self.console)
                 if view.phase != phase:
                     self._phase_changed = True  # a rung may wait for it: tick now
                 self.milestones.touch(row.rank)

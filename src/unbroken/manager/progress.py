@@ -195,12 +195,17 @@ def median_step_time(ranks: Iterable[RankView]) -> float:
 
 
 def rank_recovered_alone(
-    view: RankView, was: tuple[int, float], ledger: Ledger, console: Console
+    view: RankView,
+    was: tuple[int, float],
+    heard: set[tuple[int, float]],
+    ledger: Ledger,
+    console: Console,
 ) -> None:
     """What a rank that cannot be repaired in process (a MindSpore rank,
     :mod:`unbroken.mindspore`) did on its own since its record said ``was`` (its recoveries,
     its last words' time): a step it redid after its device memory or link failed (the seed's
-    UCE and HCCE retry: no fault for the policy), last words it wrote (TTP). Recorded and said."""
+    UCE and HCCE retry: no fault for the policy), last words it wrote (TTP, kept in ``heard``).
+    Recorded and said."""
     recoveries, dumped_at = was
     if view.recoveries > recoveries:
         why = "device memory" if view.failure == StepFailure.DEVICE_MEMORY else "link"
@@ -214,6 +219,7 @@ def rank_recovered_alone(
             f"(retry, {view.recoveries} in this process); no recovery needed"
         )
     if view.dumped_at > dumped_at and view.dumped_step >= 0:
+        heard.add((view.rank, view.dumped_at))  # said once, its generation over or not
         ledger.record(
             CheckpointSaved(step=view.dumped_step, path="", duration_s=0.0, last_words=True),
             at=view.dumped_at,

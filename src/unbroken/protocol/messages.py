@@ -585,10 +585,12 @@ def _join(join: Mapping[str, Any], what: str) -> JoinFrom:
 @dataclass(frozen=True)
 class RestartRanks:
     """Kill the pod's ranks and start them again under ``generation`` (its rendezvous store at
-    ``master_port``; 0: the port the agent has)."""
+    ``master_port``; 0: the port the agent has). ``last_words``: a rank already wrote the
+    committed step's (MindSpore's TTP): no rank blocked in a collective is waited for."""
 
     generation: int
     master_port: int = 0
+    last_words: bool = False
 
 
 @dataclass(frozen=True)

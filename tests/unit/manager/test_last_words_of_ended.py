@@ -1,5 +1,6 @@
 """Last words a MindSpore rank writes while a restart stops it (unbroken.manager.progress): its
-agent still reports the ended generation; each is recorded once, and said."""
+agent still reports the ended generation; each is recorded once, and said. A restart that knows
+they are written waits for no rank blocked in a collective (unbroken.manager.generations)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from unbroken.ledger import Ledger
 from unbroken.manager.console import Console
-from unbroken.manager.progress import last_words_of_ended
+from unbroken.manager.generations import Generations
+from unbroken.manager.progress import RankView, last_words_of_ended
 from unbroken.protocol.heartbeat import HeartbeatRecord
 from unbroken.protocol.messages import RankProgress
 
@@ -49,3 +51,16 @@ def test_the_last_words_of_a_stopped_generation_are_recorded_once(tmp_path: Path
     assert [(d["step"], d["last_words"]) for d in saved] == [(16, True)]
     assert out.getvalue().count("last words: rank 0 saved step 16") == 1
     assert "rank 3" not in out.getvalue()
+
+
+def test_a_restart_knows_whether_the_committed_steps_last_words_are_written() -> None:
+    gens = Generations()
+    gens.begin(BEGAN, rung=1, replica_step=None)
+    gens.ranks = {r: RankView(rank=r, pid=100 + r, generation=1, committed=25) for r in range(3)}
+    assert not gens.last_words_written()  # none written: a rank in a collective may yet
+    gens.ranks[2].dumped_step, gens.ranks[2].dumped_at = 24, BEGAN + 5.0
+    assert not gens.last_words_written()  # an older step's
+    gens.ranks[2].dumped_step = 25
+    assert gens.last_words_written()  # the failing rank wrote them: no one is waited for
+    gens.ranks[2].dumped_at = BEGAN - 1.0
+    assert not gens.last_words_written()  # an earlier generation's
