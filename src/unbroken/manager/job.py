@@ -313,9 +313,8 @@ class JobManager:
                 # Heartbeats tick at most once per TICK_S: a tick scans every pod and rank, and
                 # ticking after every heartbeat made the scans grow with N x the rate, N^2. Any
                 # other message (a report, a command) is acted on at once, so a rank's exit is
-                # decided before its peers' exits that follow it are read as faults of their own;
-                # so is, PHASE_TICK_S after the last tick, a heartbeat that changes a rank's phase
-                # (a rung waits for ranks to stop, to be ready): in steady state phases stay.
+                # decided before its peers' exits are read as faults of their own; so is, a
+                # PHASE_TICK_S after the last tick, a heartbeat changing a rank's phase.
                 now = self.clock()
                 if self._phase_changed and now >= next_tick - TICK_S + PHASE_TICK_S:
                     urgent = True
@@ -487,14 +486,15 @@ class JobManager:
         )
 
     def _heartbeat(self, sender: Sender, beat: AgentHeartbeat, heard_at: float) -> None:
-        pod = self._pod_of(sender)
+        pod, gens = self._pod_of(sender), self.gens
+        if sender.generation >= 0 and (pod is None or sender.generation != gens.current):
+            since = gens.began_at(sender.generation)  # its ranks stopped: their last words count
+            last_words_of_ended(beat.ranks, since, gens.heard, self.ledger, self.console)
         if pod is None or sender.generation < 0:
             return
         pod.last_heartbeat_at = max(pod.last_heartbeat_at, heard_at)
-        gens = self.gens
-        if sender.generation != gens.current:  # stopping its ranks: their last words count
-            since = gens.began_at(sender.generation)
-            return last_words_of_ended(beat.ranks, since, gens.heard, self.ledger, self.console)
+        if sender.generation != gens.current:
+            return
         for row in beat.ranks:
             view = gens.ranks.get(row.rank)
             if view is not None and view.pid == row.pid:

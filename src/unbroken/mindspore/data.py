@@ -6,15 +6,18 @@
 iterable that can be iterated again, one pass an epoch. It serves
 :meth:`unbroken.mindspore.Session.batch`: an endless stream across epochs.
 
-- **Epochs.** Each epoch is a fresh pass (``create_tuple_iterator(num_epochs=1)`` for a
-  dataset). With a base seed (the session's ``seed``, else the dataset seed when the session
-  started), MindSpore's dataset seed is set from (base, epoch) before each pass: a shuffling
-  sampler draws a new order every epoch, and the same order for that epoch after any restart.
+- **Epochs.** A dataset pipeline is iterated as one pass of many epochs, which it reshuffles
+  at each (its sampler's order a function of the dataset seed the pass begins with: the
+  session's ``seed``, else the dataset seed when the session started, set just before the pass
+  begins, since the session sets MindSpore's seed every step). Any other iterable is iterated
+  again for each epoch.
 - **A redone step** (a device memory or link error, the seed's UCE and HCCE) is served the very
   same batches again, from a tape of the batches of the step in progress.
 - **The position** ``[epoch, batches into the epoch]`` of the committed step goes into each
-  checkpoint and last words; a restored rank starts that epoch's pass anew and skips the
-  batches already trained on.
+  checkpoint and last words. A restored rank begins the pipeline's pass there
+  (``Dataset.set_init_step``: MindSpore's own resume, which skips without reading the samples
+  under its default fast recovery; random augmentations then draw anew, so keep them seeded
+  from the sample), or an iterable's pass of that epoch, skipping the batches trained on.
 
 Every data-parallel rank holds the same position (each reads its own shard), as every rank
 holds the same parameters.
@@ -22,19 +25,12 @@ holds the same parameters.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 
 class DataError(RuntimeError):
     """The data stream cannot serve a batch or take a position."""
-
-
-def epoch_seed(base: int, epoch: int) -> int:
-    """The dataset seed of ``epoch``'s pass."""
-    digest = hashlib.sha256(f"data:{base}:{epoch}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 class Batches:
@@ -48,6 +44,7 @@ class Batches:
             )
         self.data = data
         self.seed = seed
+        self._pipeline = hasattr(data, "create_tuple_iterator")  # a mindspore.dataset one
         self.epoch = 0
         self.index = 0  # batches served of the epoch
         self._iter: Iterator[Any] | None = None
@@ -105,32 +102,75 @@ class Batches:
     # -- reading ------------------------------------------------------------------------------
 
     def _read(self) -> Any:
+        if self._pipeline:
+            return self._read_pipeline()
         for _ in range(2):  # at most one epoch boundary crossed per batch
             if self._iter is None:
-                self._iter = self._open(self.epoch)
-                for skipped in range(self.index):
-                    if next(self._iter, _END) is _END:
-                        raise DataError(
-                            f"epoch {self.epoch} has {skipped} batches, the position says "
-                            f"{self.index} were trained on: not the data of this run"
-                        )
+                self._iter = self._open_pass()
             batch = next(self._iter, _END)
             if batch is not _END:
                 self.index += 1
                 return batch
             if self.index == 0:
                 raise DataError("the data has no batches")
-            self.epoch, self.index, self._iter = self.epoch + 1, 0, None
+            self.epoch, self.index, self._iter = self.epoch + 1, 0, None  # its next pass
         raise DataError("the data has no batches")
 
-    def _open(self, epoch: int) -> Iterator[Any]:
-        if self.seed is not None:
+    def _read_pipeline(self) -> Any:
+        """The next batch of a dataset pipeline, iterated as one pass of many epochs (it
+        reshuffles at each); the epoch and index follow from its size."""
+        size = self._size()
+        if self._iter is None:
+            if self.index > size:
+                raise DataError(
+                    f"epoch {self.epoch} has {size} batches, the position says {self.index} "
+                    "were trained on: not the data of this run"
+                )
             import mindspore.dataset as ds
 
-            ds.config.set_seed(epoch_seed(self.seed, epoch))
-        if hasattr(self.data, "create_tuple_iterator"):
-            return iter(self.data.create_tuple_iterator(num_epochs=1))
-        return iter(self.data)
+            self.data.set_init_step(self.epoch * size + self.index)
+            # The pipeline takes its shuffle seed when its iterator is made, and the session
+            # sets MindSpore's seed every step: the same seed for every pass of the run.
+            ds.config.set_seed(self.seed if self.seed is not None else ds.config.get_seed())
+            self._iter = _endless(self.data.create_tuple_iterator(num_epochs=_EPOCHS))
+        batch = next(self._iter, _END)
+        if batch is _END:
+            raise DataError("the data pipeline ended")
+        if self.index >= size:
+            self.epoch, self.index = self.epoch + 1, 0
+        self.index += 1
+        return batch
+
+    def _size(self) -> int:
+        size = int(self.data.get_dataset_size())
+        if size <= 0:
+            raise DataError("the data has no batches")
+        return size
+
+    def _open_pass(self) -> Iterator[Any]:
+        """The epoch's pass of a plain iterable, the batches trained on skipped."""
+        it: Iterator[Any] = iter(self.data)
+        for skipped in range(self.index):
+            if next(it, _END) is _END:
+                raise DataError(
+                    f"epoch {self.epoch} has {skipped} batches, the position says "
+                    f"{self.index} were trained on: not the data of this run"
+                )
+        return it
 
 
+def _endless(iterator: Any) -> Iterator[Any]:
+    """A many-epoch pipeline iterator's batches, across the ends of its epochs; a pass that
+    yields nothing ends it."""
+    while True:
+        got = False
+        for batch in iterator:
+            got = True
+            yield batch
+        if not got:
+            return
+
+
+#: The epochs a pipeline's iterator is made for (``num_epochs=-1`` refuses ``set_init_step``).
+_EPOCHS = 1_000_000
 _END = object()

@@ -726,7 +726,14 @@ def init(
 ) -> Session:
     """Start the rank's session: restore the newest good checkpoint and, under an Unbroken
     agent, write the rank's heartbeat and take SIGTERM as a stop request. Call it after
-    ``mindspore.communication.init()``."""
+    ``mindspore.communication.init()``.
+
+    ``data`` (a ``mindspore.dataset`` pipeline, or any iterable of batches that can be
+    iterated again) is read through :meth:`Session.batch` (:mod:`unbroken.mindspore.data`);
+    build it the same way in every process, after the same ``mindspore.set_seed``. ``state``
+    registers the script's other training state by name: objects with ``state_dict()`` and
+    ``load_state_dict()`` whose state is numbers, strings, lists and dicts, the same on every
+    rank. Both are checkpointed and go back with a step that is redone."""
     env = WorkerEnv.from_environ(os.environ)
     tft = os.environ.get("MS_ENABLE_TFT", "").strip()
     try:

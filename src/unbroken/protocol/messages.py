@@ -701,6 +701,7 @@ def decode_order(body: Mapping[str, Any]) -> Order:
             return RestartRanks(
                 generation=integer(body, "generation", what, 0, GENERATION_MAX),
                 master_port=integer(body, "master_port", what, 0, PORT_MAX, default=0),
+                last_words=flag(body, "last_words", what, default=False),
             )
         case "end":
             return EndRanks(ranks=integers(body, "ranks", what, 0, RANK_MAX))

@@ -38,6 +38,9 @@ class Samples:
 
 
 def _dataset() -> Any:
+    # Built as a script builds it, after the same seed in every process: the sampler takes
+    # the dataset seed when it is built, too.
+    ms.set_seed(11)
     return ds.GeneratorDataset(Samples(), ["x", "y"], shuffle=True).batch(4)  # 3 an epoch
 
 
@@ -107,6 +110,7 @@ class TokensSeen:
 
 
 def _run(ckpt: Path, steps: int, seed: int = 5) -> tuple[str, Any, TokensSeen]:
+    dataset = _dataset()
     ms.set_seed(1)
     net = nn.Dense(4, 2)
     opt = nn.Adam(net.trainable_params(), learning_rate=1e-2)
@@ -114,7 +118,7 @@ def _run(ckpt: Path, steps: int, seed: int = 5) -> tuple[str, Any, TokensSeen]:
     grad_fn = ms.value_and_grad(lambda x, y: loss(net(x), y), None, opt.parameters)
     seen = TokensSeen()
     session = ub.init(
-        net, opt, ckpt_dir=ckpt, ckpt_every=4, seed=seed, data=_dataset(), state={"seen": seen}
+        net, opt, ckpt_dir=ckpt, ckpt_every=4, seed=seed, data=dataset, state={"seen": seen}
     )
     for _ in session.steps(steps):
         x, y = session.batch()

@@ -181,6 +181,7 @@ def test_the_wire_keeps_its_shape() -> None:
 
 ORDERS: list[Order] = [
     RestartRanks(generation=4, master_port=29501),
+    RestartRanks(generation=5, master_port=29502, last_words=True),
     EndRanks(ranks=(2, 3)),
     PauseRanks(),
     RejoinRanks(generation=5, master_port=29502, source=0, step=40, replace=(2,)),
