@@ -150,6 +150,7 @@ def load_latest(
                 f"checkpoint {path}: {name} has shape {tuple(value.shape)}, "
                 f"the network's is {tuple(param.shape)}"
             )
-        param.set_data(ms.Tensor(value.asnumpy()))
+        # In place (set_data would detach it from a step compiled before this load).
+        ms.ops.assign(param, ms.Tensor(value.asnumpy()))
     extra = json.loads((path / EXTRA_FILE).read_text())
     return Restored(step=step, path=path, extra=extra)

@@ -4,7 +4,8 @@ MindSpore's CPU all-reduce sums float32 and float16 only. A corrupt rank's repai
 parameter as float32 (other dtypes byte by byte, one float32 per byte) to which every other
 rank adds -0.0 (x + -0.0 = x for every float32, signed zeros included); the step each rank's
 checkpoint reached travels at that rank's place, in two float32 halves that each hold it
-exactly, zeros elsewhere.
+exactly, zeros elsewhere; so do the first bytes of each rank's state digest, which the ranks
+compare when they close.
 """
 
 from __future__ import annotations
@@ -51,3 +52,24 @@ def found_steps_got(summed: Any) -> list[int | None]:
     halves = summed.reshape(2, -1).astype(np.int64)
     both = (int(hi) * _SPLIT + int(lo) for hi, lo in zip(*halves, strict=True))
     return [n - 1 if n else None for n in both]
+
+
+#: How much of a state digest the ranks compare: 8 bytes, as four 16-bit halves.
+_DIGEST_HALVES = 4
+
+
+def digest_sent(digest: bytes, rank: int, world: int) -> Any:
+    """What ``rank`` adds to the all-reduce that shows every rank each rank's state digest:
+    its first 8 bytes as four float32 numbers below 2**16 (each exact), zeros elsewhere."""
+    import numpy as np
+
+    sent = np.zeros((_DIGEST_HALVES, world), np.float32)
+    sent[:, rank] = np.frombuffer(digest[: 2 * _DIGEST_HALVES], dtype="<u2")
+    return sent.reshape(-1)
+
+
+def digests_got(summed: Any) -> list[bytes]:
+    """Every rank's 8 digest bytes, by rank, from the all-reduce's sum."""
+
+    halves = summed.reshape(_DIGEST_HALVES, -1).astype("<u2")
+    return [halves[:, r].tobytes() for r in range(halves.shape[1])]

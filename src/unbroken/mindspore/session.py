@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import sys
@@ -64,8 +63,16 @@ from typing import Any, NoReturn
 
 from unbroken.checkpoint.manifest import step_dir
 from unbroken.mindspore import checkpoint
-from unbroken.mindspore.codec import as_float32, found_steps_got, found_steps_sent, from_float32
+from unbroken.mindspore.codec import (
+    as_float32,
+    digest_sent,
+    digests_got,
+    found_steps_got,
+    found_steps_sent,
+    from_float32,
+)
 from unbroken.mindspore.data import Batches
+from unbroken.mindspore.registered import Registered
 from unbroken.protocol.exitreport import ExitReport, write_exit_report
 from unbroken.protocol.kinds import StepFailure
 from unbroken.spec.envknobs import (
@@ -99,6 +106,10 @@ class TrainingStopped(SystemExit):
     def __init__(self, committed: int) -> None:
         super().__init__(STOP_EXIT_CODE)
         self.committed = committed
+
+
+class ReplicasDiverged(RuntimeError):
+    """The data-parallel ranks' states differ where they must be equal."""
 
 
 class LinkError(RuntimeError):
@@ -173,16 +184,7 @@ class Session:
         self.heartbeat = heartbeat
         self.rank, self.world_size = _world()
         self.params = tracked_parameters(network, optimizer)
-        self.state = dict(state or {})
-        for name, obj in self.state.items():
-            if not callable(getattr(obj, "state_dict", None)) or not callable(
-                getattr(obj, "load_state_dict", None)
-            ):
-                raise TypeError(
-                    f"state[{name!r}] ({type(obj).__name__}) has no state_dict() and "
-                    "load_state_dict(): it cannot be checkpointed"
-                )
-        self._committed_state = self._state_dicts()  # what a redone step goes back to
+        self.state = Registered(state)
         self._batches: Batches | None = None
         if data is not None:
             if seed is None:
@@ -246,20 +248,7 @@ class Session:
             raise RuntimeError("no data was given to unbroken.mindspore.init(data=...)")
         return self._batches.next()
 
-    # -- registered state ----------------------------------------------------------------------
-
-    def _state_dicts(self) -> dict[str, Any]:
-        """Every registered object's state, deep-copied (JSON is what a checkpoint holds)."""
-        out = {}
-        for name, obj in self.state.items():
-            try:
-                out[name] = json.loads(json.dumps(obj.state_dict()))
-            except (TypeError, ValueError) as e:
-                raise TypeError(
-                    f"state[{name!r}].state_dict() cannot be checkpointed: {e} (it must hold "
-                    "numbers, strings, lists and dicts)"
-                ) from None
-        return out
+    # -- what a checkpoint holds besides the parameters -------------------------------------
 
     def _extra(self) -> dict[str, Any]:
         """What a checkpoint of the committed state holds besides the parameters."""
@@ -267,7 +256,7 @@ class Session:
         if self._batches is not None:
             extra["data"] = self._batches.committed_position
         if self.state:
-            extra["state"] = self._committed_state
+            extra["state"] = self.state.committed
         return extra
 
     def _restore_extra(self, restored: checkpoint.Restored) -> None:
@@ -281,15 +270,13 @@ class Session:
                 )
             self._batches.load(extra["data"])
         saved = extra.get("state", {})
-        missing = sorted(set(self.state) - set(saved))
+        missing = self.state.missing_from(saved)
         if missing:
             raise checkpoint.CheckpointError(
                 f"checkpoint {restored.path} holds no state {', '.join(map(repr, missing))}: "
                 "it was written by a run that did not register it"
             )
-        for name, obj in self.state.items():
-            obj.load_state_dict(saved[name])
-        self._committed_state = self._state_dicts()
+        self.state.load(saved)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -483,8 +470,7 @@ class Session:
         self._redo = True
         if self._batches is not None:
             self._batches.redo()
-        for name, obj in self.state.items():  # back to the committed step's
-            obj.load_state_dict(json.loads(json.dumps(self._committed_state[name])))
+        self.state.roll_back()
         if self.heartbeat is not None and mine is not None:
             # The rank whose step failed tells the job manager (it records the redone step).
             self._redone += 1
@@ -497,6 +483,7 @@ class Session:
         ``receive`` ranks keep the result. MindSpore's CPU all-reduce sums float32 and float16
         only, so every other dtype travels as its bytes, one float32 per byte (exact)."""
         import numpy as np
+        from mindspore import ops
 
         ms = self._ms
         assert self._allreduce is not None
@@ -511,7 +498,9 @@ class Session:
         at = 0
         for (_, p), part in zip(params, parts, strict=True):
             data = p.asnumpy()
-            p.set_data(ms.Tensor(from_float32(got[at : at + part.size], data)))
+            # In place: set_data would give the Parameter a new tensor that the compiled step
+            # and the optimizer never see (they go on with the old one).
+            ops.assign(p, ms.Tensor(from_float32(got[at : at + part.size], data)))
             at += part.size
 
     def _commit(self, step: int) -> None:
@@ -519,8 +508,7 @@ class Session:
         self._committed = step + 1
         if self._batches is not None:
             self._batches.commit()
-        if self.state:
-            self._committed_state = self._state_dicts()
+        self.state.commit()
         if self._first_commit:
             self._step_time_s = elapsed
         else:
@@ -554,10 +542,12 @@ class Session:
 
             os.kill(os.getpid(), signal.SIGKILL)
         elif entry.kind == "memory":
+            from mindspore import ops
+
             first = next(iter(self.network.get_parameters()))
             data = first.asnumpy().copy()
             data.reshape(-1)[0] = float("nan")
-            first.set_data(self._ms.Tensor(data))
+            ops.assign(first, self._ms.Tensor(data))  # in the memory training uses
             self._corrupt = True
             self._failure = (
                 _MEMORY,
@@ -662,11 +652,52 @@ class Session:
         raise TrainingStopped(self._committed)
 
     def close(self) -> None:
+        """End the session (collective: every rank calls it). The ranks first compare their
+        states' digests: replicas that differ fail the job, loudly, rather than report a
+        result that one rank's state alone would give (:class:`ReplicasDiverged`)."""
         if self._closed:
             return
+        try:
+            self._agree_on_state()
+        except BaseException:
+            self._fail()
+            raise
         if self.heartbeat is not None:
             self.heartbeat.update(phase=Phase.DONE)
         self._shutdown()
+
+    def _agree_on_state(self) -> None:
+        if self._allreduce is None:
+            return
+        mine = bytes.fromhex(state_digest(self.network, self.optimizer))
+        sent = digest_sent(mine, self.rank, self.world_size)
+        got = digests_got(self._allreduce(self._ms.Tensor(sent)).asnumpy())
+        apart = [r for r, d in enumerate(got) if d != got[0]]
+        if apart:
+            raise ReplicasDiverged(
+                f"rank {self.rank}: after {self._committed} steps the state of rank(s) "
+                f"{apart} differs from rank 0's in {', '.join(self._params_apart()) or '?'}: "
+                "the replicas were not equal, so no rank's result can be trusted"
+            )
+
+    def _params_apart(self, most: int = 8) -> list[str]:
+        """The parameters whose digests differ between the ranks (one more all-reduce)."""
+        import numpy as np
+
+        assert self._allreduce is not None
+        params = sorted(self.params.items())
+        sent = [
+            digest_sent(hashlib.sha256(p.asnumpy().tobytes()).digest(), self.rank, self.world_size)
+            for _, p in params
+        ]
+        got = self._allreduce(self._ms.Tensor(np.concatenate(sent))).asnumpy()
+        width = sent[0].size if sent else 0
+        names = []
+        for i, (name, _) in enumerate(params):
+            digests = digests_got(got[i * width : (i + 1) * width])
+            if any(d != digests[0] for d in digests):
+                names.append(name)
+        return names[:most] + ([f"{len(names) - most} more"] if len(names) > most else [])
 
     def _fail(self) -> None:
         if self.heartbeat is not None and not self._closed:
@@ -769,4 +800,12 @@ def init(
     return session
 
 
-__all__ = ["LinkError", "Session", "TrainingStopped", "init", "state_digest", "tracked_parameters"]
+__all__ = [
+    "LinkError",
+    "ReplicasDiverged",
+    "Session",
+    "TrainingStopped",
+    "init",
+    "state_digest",
+    "tracked_parameters",
+]

@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unbroken.mindspore.codec import as_float32, found_steps_got, found_steps_sent, from_float32
+from unbroken.mindspore.codec import (
+    as_float32,
+    digest_sent,
+    digests_got,
+    found_steps_got,
+    found_steps_sent,
+    from_float32,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +61,10 @@ def test_every_rank_learns_the_step_each_rank_found(found: list[int | None]) -> 
     world = len(found)
     summed = sum(found_steps_sent(step, rank, world) for rank, step in enumerate(found))
     assert found_steps_got(np.asarray(summed, np.float32)) == found
+
+
+def test_every_rank_sees_each_rank_s_state_digest() -> None:
+    digests = [bytes(range(r, r + 32)) for r in (0, 200, 0)]
+    digests[1] = bytes([0xFF] * 8) + digests[1][8:]
+    summed = sum(digest_sent(d, rank, 3) for rank, d in enumerate(digests))
+    assert digests_got(np.asarray(summed, np.float32)) == [d[:8] for d in digests]
