@@ -10,6 +10,8 @@ compare when they close.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: A step travels as two float32 halves (quotient and remainder by this), each exact.
@@ -73,3 +75,35 @@ def digests_got(summed: Any) -> list[bytes]:
 
     halves = summed.reshape(_DIGEST_HALVES, -1).astype("<u2")
     return [halves[:, r].tobytes() for r in range(halves.shape[1])]
+
+
+def replicas_apart(
+    sums: Callable[[Any], Any], params: Mapping[str, Any], rank: int, world: int, most: int = 8
+) -> tuple[list[int], list[str]] | None:
+    """None when every rank's ``params`` are bitwise equal; else the ranks whose state differs
+    from rank 0's and the names of the parameters that differ (at most ``most``). ``sums`` is
+    the all-reduce (a sum over the ranks) of a float32 array; two calls, the second only when
+    the states differ."""
+    import numpy as np
+
+    ordered = sorted(params.items())
+    whole = hashlib.sha256()
+    for name, p in ordered:
+        data = p.asnumpy()
+        whole.update(f"{name}|{data.dtype}|{data.shape}|".encode())
+        whole.update(data.tobytes())
+    got = digests_got(sums(digest_sent(whole.digest(), rank, world)))
+    ranks = [r for r, d in enumerate(got) if d != got[0]]
+    if not ranks:
+        return None
+    sent = [
+        digest_sent(hashlib.sha256(p.asnumpy().tobytes()).digest(), rank, world) for _, p in ordered
+    ]
+    each = sums(np.concatenate(sent)) if sent else np.zeros(0, np.float32)
+    width = sent[0].size if sent else 0
+    names = [
+        name
+        for i, (name, _) in enumerate(ordered)
+        if len(set(digests_got(each[i * width : (i + 1) * width]))) > 1
+    ]
+    return ranks, names[:most] + ([f"{len(names) - most} more"] if len(names) > most else [])

@@ -65,11 +65,10 @@ from unbroken.checkpoint.manifest import step_dir
 from unbroken.mindspore import checkpoint
 from unbroken.mindspore.codec import (
     as_float32,
-    digest_sent,
-    digests_got,
     found_steps_got,
     found_steps_sent,
     from_float32,
+    replicas_apart,
 )
 from unbroken.mindspore.data import Batches
 from unbroken.mindspore.registered import Registered
@@ -669,35 +668,19 @@ class Session:
     def _agree_on_state(self) -> None:
         if self._allreduce is None:
             return
-        mine = bytes.fromhex(state_digest(self.network, self.optimizer))
-        sent = digest_sent(mine, self.rank, self.world_size)
-        got = digests_got(self._allreduce(self._ms.Tensor(sent)).asnumpy())
-        apart = [r for r, d in enumerate(got) if d != got[0]]
-        if apart:
+        allreduce = self._allreduce
+
+        def sums(sent: Any) -> Any:
+            return allreduce(self._ms.Tensor(sent)).asnumpy()
+
+        apart = replicas_apart(sums, self.params, self.rank, self.world_size)
+        if apart is not None:
+            ranks, names = apart
             raise ReplicasDiverged(
                 f"rank {self.rank}: after {self._committed} steps the state of rank(s) "
-                f"{apart} differs from rank 0's in {', '.join(self._params_apart()) or '?'}: "
-                "the replicas were not equal, so no rank's result can be trusted"
+                f"{ranks} differs from rank 0's in {', '.join(names) or '?'}: the replicas "
+                "were not equal, so no rank's result can be trusted"
             )
-
-    def _params_apart(self, most: int = 8) -> list[str]:
-        """The parameters whose digests differ between the ranks (one more all-reduce)."""
-        import numpy as np
-
-        assert self._allreduce is not None
-        params = sorted(self.params.items())
-        sent = [
-            digest_sent(hashlib.sha256(p.asnumpy().tobytes()).digest(), self.rank, self.world_size)
-            for _, p in params
-        ]
-        got = self._allreduce(self._ms.Tensor(np.concatenate(sent))).asnumpy()
-        width = sent[0].size if sent else 0
-        names = []
-        for i, (name, _) in enumerate(params):
-            digests = digests_got(got[i * width : (i + 1) * width])
-            if any(d != digests[0] for d in digests):
-                names.append(name)
-        return names[:most] + ([f"{len(names) - most} more"] if len(names) > most else [])
 
     def _fail(self) -> None:
         if self.heartbeat is not None and not self._closed:

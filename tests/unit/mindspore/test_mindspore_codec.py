@@ -5,6 +5,8 @@ found, exact at any step."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from unbroken.mindspore.codec import (
     found_steps_got,
     found_steps_sent,
     from_float32,
+    replicas_apart,
 )
 
 pytestmark = pytest.mark.unit
@@ -68,3 +71,51 @@ def test_every_rank_sees_each_rank_s_state_digest() -> None:
     digests[1] = bytes([0xFF] * 8) + digests[1][8:]
     summed = sum(digest_sent(d, rank, 3) for rank, d in enumerate(digests))
     assert digests_got(np.asarray(summed, np.float32)) == [d[:8] for d in digests]
+
+
+class _Param:
+    def __init__(self, data: np.ndarray) -> None:  # type: ignore[type-arg]
+        self.data = data
+
+    def asnumpy(self) -> np.ndarray:  # type: ignore[type-arg]
+        return self.data
+
+
+def _compare(states: list[dict[str, _Param]]) -> list[object]:
+    """Every rank's replicas_apart, over an all-reduce of threads (a sum at a barrier)."""
+    world = len(states)
+    barrier = threading.Barrier(world)
+    slots: list[object] = [None] * world
+    out: list[object] = [None] * world
+
+    def rank(r: int) -> None:
+        def sums(sent: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+            slots[r] = sent
+            barrier.wait()
+            total = np.sum(np.stack(slots), axis=0, dtype=np.float32)  # type: ignore[arg-type]
+            barrier.wait()
+            return total
+
+        out[r] = replicas_apart(sums, states[r], r, world)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_replicas_are_compared_by_digest_and_the_parameters_apart_named() -> None:
+    def state(bias: float) -> dict[str, _Param]:
+        return {
+            "w": _Param(np.arange(6, dtype=np.float32).reshape(2, 3)),
+            "adam_m.w": _Param(np.full(6, bias, np.float32)),
+            "global_step": _Param(np.array([7], np.int32)),
+        }
+
+    assert _compare([state(0.5), state(0.5), state(0.5)]) == [None, None, None]
+    # Rank 2's moments differ by one bit: every rank says so, naming them.
+    off = state(0.5)
+    off["adam_m.w"].data[3] = np.nextafter(np.float32(0.5), np.float32(1))
+    assert _compare([state(0.5), state(0.5), off]) == [([2], ["adam_m.w"])] * 3
