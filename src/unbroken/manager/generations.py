@@ -29,11 +29,15 @@ class Generations:
         self._diverged: int | None = None
         #: Last words heard from ranks of an ended generation, (rank, when written).
         self.heard: set[tuple[int, float]] = set()
+        #: Generations begun when the one before had its last words written.
+        self._last_words_before: set[int] = set()
 
     def last_words_written(self) -> bool:
         """Whether a rank of the current generation wrote last words of the step every rank
         committed (its heartbeat said so)."""
         views = self.ranks.values()
+        if not views:  # begun, none of its ranks heard yet: as the generation before it
+            return self.current in self._last_words_before
         committed = min((v.committed for v in views), default=0)
         since = self.began_at(self.current)
         return any(v.dumped_at > since and v.dumped_step >= committed for v in views)
@@ -41,8 +45,11 @@ class Generations:
     def begin(self, now: float, rung: int | None, replica_step: int | None) -> int:
         """The next generation, begun at ``now`` by the rung of policy generation ``rung``;
         ``replica_step``: its ranks resume at that step from a replica."""
+        written = self.last_words_written()
         self.current += 1
         self._began_at[self.current] = now
+        if written:
+            self._last_words_before.add(self.current)
         if replica_step is not None:
             self._replica_step[self.current] = replica_step
         self._rung_of[self.current] = rung

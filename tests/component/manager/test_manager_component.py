@@ -220,8 +220,11 @@ def test_a_second_fault_starts_the_next_rung_and_the_first_rungs_outcomes_are_st
 
     # Then the restart the decision held back, in a generation that names the second rung.
     # (Each pod's restart command restarts every rank: the last generation is the one run.)
+    # Both say the last words are written: no agent waits for a rank blocked in a collective.
     gen = job.m.gens.current
-    restarts = [RestartRanks(generation=g, master_port=29500 + g) for g in (gen - 1, gen)]
+    restarts = [
+        RestartRanks(generation=g, master_port=29500 + g, last_words=True) for g in (gen - 1, gen)
+    ]
     assert a0.orders() == restarts and a1.orders() == restarts
     assert job.m.gens.rung_of(gen) == second.generation
 

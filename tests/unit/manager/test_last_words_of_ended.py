@@ -62,5 +62,12 @@ def test_a_restart_knows_whether_the_committed_steps_last_words_are_written() ->
     assert not gens.last_words_written()  # an older step's
     gens.ranks[2].dumped_step = 25
     assert gens.last_words_written()  # the failing rank wrote them: no one is waited for
-    gens.ranks[2].dumped_at = BEGAN - 1.0
+    gens.begin(BEGAN + 9.0, rung=2, replica_step=None)  # a second pod's restart, at once
+    assert gens.last_words_written()  # none of its ranks heard yet: as the generation before
+    gens.begin(BEGAN + 99.0, rung=3, replica_step=None)
+    gens.ranks = {0: RankView(rank=0, pid=300, generation=3, committed=25)}
+    assert not gens.last_words_written()  # its ranks heard: their own say
+    gens.begin(BEGAN + 200.0, rung=4, replica_step=None)
+    gens.ranks = {0: RankView(rank=0, pid=400, generation=4, committed=25)}
+    gens.ranks[0].dumped_step, gens.ranks[0].dumped_at = 25, BEGAN + 150.0
     assert not gens.last_words_written()  # an earlier generation's
