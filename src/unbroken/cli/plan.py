@@ -34,7 +34,9 @@ IN_PROCESS_NOTE = (
 MINDSPORE_RUNGS = {
     "retry": "MindSpore ranks redo a step whose device memory (UCE) or link (HCCE) failed, in "
     "their processes; a corrupt rank copies its parameters from a healthy one",
-    "dump": "a MindSpore rank whose error left its state whole writes the committed state (TTP)",
+    "dump": "when a rank fails, a healthy MindSpore rank (stopped by the restart, or once its "
+    "all-reduce gives up on the dead peer) or the failing rank, when its error left its state "
+    "whole, writes the committed state (TTP); every rank resumes from it",
     "recover-in-place": "not for MindSpore ranks: they cannot join a new communicator in a live "
     "process (MindSpore's dynamic-cluster recovery runs on GPUs in graph mode only); every rank "
     "restarts from the newest checkpoint or last words",

@@ -108,7 +108,7 @@ def test_plan_of_a_mindspore_job_says_what_its_rungs_do_and_launches_msrun(
     out = capsys.readouterr().out
     assert "  1. retry\n  2. dump\n  3. exit\n  4. pod-rescheduling" in out
     assert "  retry: MindSpore ranks redo a step whose device memory (UCE) or link (HCCE)" in out
-    assert "  dump: a MindSpore rank whose error left its state whole writes" in out
+    assert "  dump: when a rank fails, a healthy MindSpore rank (stopped by the restart" in out
     assert "in process only where" not in out  # the PyTorch note is not theirs
     assert (
         "    launch: msrun --worker_num=4 --local_worker_num=2 --node_rank=1 "
