@@ -100,6 +100,11 @@ def save_last_words(
     return save(root, step, params, extra, world_size, keep)
 
 
+def last_words_taken(root: Path, step: int) -> bool:
+    """Whether ``step``'s last words are written or being written (claimed)."""
+    return _claim_path(root, step).exists() or is_good(step_dir(root, step))
+
+
 def clear_leftovers(root: Path) -> None:
     """Forget the claims of earlier last words and remove saves that never finished; call it
     only when every process that could be writing has ended."""

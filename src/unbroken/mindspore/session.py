@@ -33,19 +33,16 @@ small all-reduce, whether any rank's step failed. ``MS_ENABLE_TFT`` decides what
 - ``HCCE:1``, a link error of the step's collective: the step is left out and redone;
 - otherwise the error ends the process (the job manager restarts the ranks: ``RSC``); with
   ``TTP:1`` and a state the error did not touch (not a memory error, not in the optimizer
-  update), the rank first writes *last words*: the committed state as a checkpoint. A peer's
-  death is such an error for the healthy ranks (their step's all-reduce fails): one of them
-  (the first to claim the step) writes the last words, so the restart loses no committed step.
+  update), the rank first writes *last words*: the committed state as a checkpoint. When a
+  peer dies, a healthy rank writes them (stopped at a boundary, or once its all-reduce gives
+  up); the first to claim the step writes, the others exit, no committed step lost.
 
-Every rank resumes at the same step: after loading, the ranks agree in one all-reduce on the
-newest good checkpoint any of them found, and a rank that found an older one loads that step.
+Every rank resumes at the same step: the newest good checkpoint any rank found (one all-reduce).
 
-What this session cannot do, and why: a MindSpore rank cannot leave a broken communicator and join
-a new one in the same process on these builds (MindSpore's dynamic-cluster recovery runs on GPUs in
-graph mode only), so the process-level rungs that keep healthy processes (``ARF``: ``recover``,
-``recover-in-place``, elastic training) are not offered to these ranks: their heartbeat says they
-cannot be repaired in process, and the job manager restarts every rank instead (pod- or
-job-level rescheduling) from the newest checkpoint or the last words.
+Not here: a MindSpore rank cannot join a new communicator in a live process (MindSpore's
+dynamic-cluster recovery runs on GPUs in graph mode only), so the rungs that keep healthy
+processes (``ARF``, elastic training) are off for these ranks (their heartbeat says so): every
+rank restarts, from the newest checkpoint or the last words.
 """
 
 from __future__ import annotations
@@ -212,7 +209,8 @@ class Session:
         for e in entries:
             self._chaos.setdefault(e.at_step, []).append(e)
         self._fired_dir = fired
-        self._stop = StopSignal(self._on_stop_request, self._stop_deadline_s)
+        self._writing = False  # this rank is writing last words
+        self._stop = StopSignal(self._on_stop_request, self._stop_deadline_s, self._needed)
         self._previous_excepthook = sys.excepthook
 
     # -- properties ---------------------------------------------------------------------------
@@ -601,6 +599,7 @@ class Session:
             if self.heartbeat is not None:
                 self.heartbeat.update(dump_failed_at=time.time())
             return
+        self._writing = True
         try:
             path = checkpoint.save_last_words(
                 self.ckpt_dir,
@@ -637,6 +636,13 @@ class Session:
         if self.switches.get(TftSwitch.TTP):  # the collective gives up, then they are written
             last_words_s = ms_comm_op_timeout_s(os.environ) + _LAST_WORDS_S
         return _STOP_BASE_S + 3 * self._step_time_s + last_words_s
+
+    def _needed(self) -> bool:
+        """While a stop waits: False once another rank took the committed step's last words."""
+        if not self.switches.get(TftSwitch.TTP) or self.ckpt_dir is None:
+            return True
+        taken = checkpoint.last_words_taken(self.ckpt_dir, self._committed)
+        return self._writing or not taken  # read after the claim: set before it is made
 
     def _on_stop_request(self) -> None:
         if self.heartbeat is not None:

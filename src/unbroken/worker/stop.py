@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -35,9 +36,13 @@ class StopSignal:
         self,
         on_request: Callable[[], None],
         timeout_s: Callable[[], float],
+        needed: Callable[[], bool] | None = None,
     ) -> None:
         self._on_request = on_request
         self._timeout_s = timeout_s
+        # Polled while a stop waits for its boundary: False ends the process at once (it has
+        # nothing left to do; a MindSpore rank whose last words another rank writes).
+        self._needed = needed
         self._requested = threading.Event()
         self._exiting = threading.Event()
         self._previous_handler: Callable[[int, FrameType | None], object] | int | None = None
@@ -99,13 +104,21 @@ class StopSignal:
         self.request()
         timeout_s = self._timeout_s()
         logger.info("SIGTERM: stopping at the next step boundary (deadline %.1f s)", timeout_s)
-        if not self._exiting.wait(timeout_s):
-            logger.error(
-                "SIGTERM: no step boundary reached within %.1f s; exiting with status %d",
-                timeout_s,
-                STOP_EXIT_CODE,
-            )
-            os._exit(STOP_EXIT_CODE)
+        deadline = time.monotonic() + timeout_s
+        while not self._exiting.wait(max(0.0, min(0.2, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                logger.error(
+                    "SIGTERM: no step boundary reached within %.1f s; exiting with status %d",
+                    timeout_s,
+                    STOP_EXIT_CODE,
+                )
+                os._exit(STOP_EXIT_CODE)
+            if self._needed is not None and not self._needed():
+                logger.warning(
+                    "SIGTERM: nothing left for this process to do; exiting with status %d",
+                    STOP_EXIT_CODE,
+                )
+                os._exit(STOP_EXIT_CODE)
 
     def uninstall(self, *, exiting: bool = False) -> None:
         """Restore SIGTERM's previous handling.

@@ -161,13 +161,16 @@ def test_last_words_are_written_once_by_the_rank_that_claims_them(tmp_path: Path
     params = tracked_parameters(net, None)
     extra = {"step": 5, "world_size": 2}
     # The first rank to claim step 5 writes it; a rank that comes later finds it written.
+    assert not checkpoint.last_words_taken(tmp_path, 5)
     assert checkpoint.save_last_words(tmp_path, 5, params, extra, 2, 3) == step_dir(tmp_path, 5)
+    assert checkpoint.last_words_taken(tmp_path, 5)  # a rank blocked in a collective may go
     assert checkpoint.save_last_words(tmp_path, 5, params, extra, 2, 3) is None
     # A claim whose writer died mid-save: left to it (its step is not loaded), until the next
     # generation, every old process gone, clears what it left.
     (tmp_path / ".step_00000007.lastwords").touch()
     (tmp_path / ".step_00000007.tmp.4242").mkdir()
     assert checkpoint.save_last_words(tmp_path, 7, params, extra, 2, 3) is None
+    assert checkpoint.last_words_taken(tmp_path, 7)  # claimed: being written
     assert checkpoint.load_latest(tmp_path, params) is not None  # step 5's
     checkpoint.clear_leftovers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]
