@@ -219,12 +219,7 @@ def rank_recovered_alone(
             f"(retry, {view.recoveries} in this process); no recovery needed"
         )
     if view.dumped_at > dumped_at and view.dumped_step >= 0:
-        heard.add((view.rank, view.dumped_at))  # said once, its generation over or not
-        ledger.record(
-            CheckpointSaved(step=view.dumped_step, path="", duration_s=0.0, last_words=True),
-            at=view.dumped_at,
-        )
-        console.line(f"last words: rank {view.rank} saved step {view.dumped_step}")
+        _last_words(view.rank, view.dumped_step, view.dumped_at, heard, ledger, console)
 
 
 def last_words_of_ended(
@@ -241,11 +236,20 @@ def last_words_of_ended(
         rec = row.record
         if rec is None or rec.recoverable or rec.dumped_step < 0 or rec.dumped_at <= since:
             continue
-        if (row.rank, rec.dumped_at) in heard:
-            continue
-        heard.add((row.rank, rec.dumped_at))
-        ledger.record(
-            CheckpointSaved(step=rec.dumped_step, path="", duration_s=0.0, last_words=True),
-            at=rec.dumped_at,
-        )
-        console.line(f"last words: rank {row.rank} saved step {rec.dumped_step}")
+        if (row.rank, rec.dumped_at) not in heard:
+            _last_words(row.rank, rec.dumped_step, rec.dumped_at, heard, ledger, console)
+
+
+def _last_words(
+    rank: int,
+    step: int,
+    at: float,
+    heard: set[tuple[int, float]],
+    ledger: Ledger,
+    console: Console,
+) -> None:
+    """Last words ``rank`` wrote of ``step``: recorded and said, and kept in ``heard`` (said
+    once, its generation over or not)."""
+    heard.add((rank, at))
+    ledger.record(CheckpointSaved(step=step, path="", duration_s=0.0, last_words=True), at=at)
+    console.line(f"last words: rank {rank} saved step {step}")

@@ -77,6 +77,16 @@ def digests_got(summed: Any) -> list[bytes]:
     return [halves[:, r].tobytes() for r in range(halves.shape[1])]
 
 
+def params_digest(params: Mapping[str, Any]) -> bytes:
+    """sha256 over every parameter's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name, p in sorted(params.items()):
+        data = p.asnumpy()
+        h.update(f"{name}|{data.dtype}|{data.shape}|".encode())
+        h.update(data.tobytes())
+    return h.digest()
+
+
 def replicas_apart(
     sums: Callable[[Any], Any], params: Mapping[str, Any], rank: int, world: int, most: int = 8
 ) -> tuple[list[int], list[str]] | None:
@@ -87,12 +97,7 @@ def replicas_apart(
     import numpy as np
 
     ordered = sorted(params.items())
-    whole = hashlib.sha256()
-    for name, p in ordered:
-        data = p.asnumpy()
-        whole.update(f"{name}|{data.dtype}|{data.shape}|".encode())
-        whole.update(data.tobytes())
-    got = digests_got(sums(digest_sent(whole.digest(), rank, world)))
+    got = digests_got(sums(digest_sent(params_digest(params), rank, world)))
     ranks = [r for r, d in enumerate(got) if d != got[0]]
     if not ranks:
         return None

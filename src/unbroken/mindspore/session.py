@@ -65,6 +65,7 @@ from unbroken.mindspore.codec import (
     found_steps_got,
     found_steps_sent,
     from_float32,
+    params_digest,
     replicas_apart,
 )
 from unbroken.mindspore.data import Batches
@@ -139,12 +140,7 @@ def tracked_parameters(network: Any, optimizer: Any) -> dict[str, Any]:
 def state_digest(network: Any, optimizer: Any = None) -> str:
     """sha256 over every tracked parameter's name, dtype, shape and bytes, in name order: equal
     digests mean bitwise-equal states."""
-    h = hashlib.sha256()
-    for name, p in sorted(tracked_parameters(network, optimizer).items()):
-        data = p.asnumpy()
-        h.update(f"{name}|{data.dtype}|{data.shape}|".encode())
-        h.update(data.tobytes())
-    return h.hexdigest()
+    return params_digest(tracked_parameters(network, optimizer)).hex()
 
 
 class Session:
@@ -183,12 +179,9 @@ class Session:
         self.state = Registered(state)
         self._batches: Batches | None = None
         if data is not None:
-            if seed is None:
-                import mindspore.dataset as ds
+            import mindspore.dataset as ds
 
-                self._batches = Batches(data, ds.config.get_seed())
-            else:
-                self._batches = Batches(data, seed)
+            self._batches = Batches(data, seed if seed is not None else ds.config.get_seed())
         self.restored: checkpoint.Restored | None = None
         self.start_step = 0
         self.recoveries = 0  # steps redone after a memory or link error
@@ -287,7 +280,6 @@ class Session:
                 self._agree_on_restored(self.ckpt_dir)
             if self.restored is not None:
                 self._restore_extra(self.restored)
-            if self.restored is not None:
                 self._committed = self.restored.step
                 logger.warning(
                     "rank %d: resumed at step %d from %s",
