@@ -127,6 +127,10 @@ class _Spawn:
         self._done.wait()
         return self.pid
 
+    def forked(self) -> int | None:
+        """The pid if the zygote has said it already, else None (no waiting)."""
+        return self.pid if self._done.is_set() else None
+
 
 class Zygote:
     """The agent's side of a zygote (:mod:`unbroken.agent.standby`): orders go out on its
@@ -306,7 +310,15 @@ class RankProcess:
     @property
     def pending(self) -> bool:
         """Ordered from a zygote that has not said the rank's pid yet."""
-        return self.pid == 0 and self._ended_pending is None and not self._exited.is_set()
+        with self._lock:
+            self._take_forked_pid()
+            return self.pid == 0 and self._ended_pending is None and not self._exited.is_set()
+
+    def _take_forked_pid(self) -> None:
+        """With the lock held: the pid the zygote said, before the watcher thread takes it (a
+        rank whose pid is known is never treated as pending)."""
+        if self.pid == 0 and self._spawn is not None and self._ended_pending is None:
+            self.pid = self._spawn.forked() or 0
 
     def _watch(self) -> None:
         if self._spawn is not None:
@@ -382,6 +394,7 @@ class RankProcess:
         with self._lock:
             if self._ended_pending is not None:
                 return
+            self._take_forked_pid()
             if self.pid == 0:  # pending: it never runs
                 self._ended_pending = sig
             elif self._proc is None:
