@@ -19,14 +19,16 @@ import pytest
 from tests.support.cli_runs import (
     FIXTURES,
     Reference,
+    assert_no_processes_left,
     digest,
     events,
     of_kind,
     status,
     unbroken,
+    wait_for,
 )
 from tests.support.netns_hosts import Hosts, hosts
-from tests.support.plane_hosts import served
+from tests.support.plane_hosts import Served, served
 from tests.support.process_helpers import started_ranks
 
 pytestmark = pytest.mark.e2e
@@ -43,14 +45,57 @@ def _reset_plane_links(h: Hosts, i: int, plane: int) -> None:
     assert done.returncode == 0 and done.stdout.strip(), (done.stdout, done.stderr)
 
 
+def _gloo_aborted(run: Served, run_dir: Path) -> bool:
+    """Whether a rank was ended by gloo itself: a send that gloo's event-loop thread makes (on
+    the peer's ready-to-receive notice) to a socket the kernel destroyed raises out of that
+    thread, and the process aborts (``terminate called after throwing ... gloo::IoException``)
+    instead of failing its collective. The ladder recovers it (``recover``), but no failover
+    can follow a process that is gone."""
+    if not run.said("killed by SIGABRT"):
+        return False
+    logs = run_dir.glob("pods/*/logs/rank*.log")
+    return any("gloo::IoException" in log.read_text(errors="replace") for log in logs)
+
+
 def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_process(
-    tmp_path: Path, run_dir: Path, fault_free: Reference
+    tmp_path: Path, fault_free: Reference
 ) -> None:
+    """Run again, once, if gloo aborted a rank on the reset (rare: the reset must land while
+    a send is queued on gloo's event loop); that run must still end recovered and bitwise."""
+    for attempt in (1, 2):
+        base = tmp_path / f"attempt-{attempt}"
+        base.mkdir()
+        run_dir = base / "run"
+        try:
+            done = _fail_over_and_back(base, run_dir, fault_free, may_retry=attempt == 1)
+        finally:
+            assert_no_processes_left(run_dir)
+        if done:
+            return
+
+
+def _fail_over_and_back(
+    tmp_path: Path, run_dir: Path, fault_free: Reference, *, may_retry: bool
+) -> bool:
     with hosts(2, planes=2) as h, served(h, tmp_path, run_dir, JOB) as run:
         # 1. Host 1's links on plane A are reset with every carrier up: the failed
         # collective is the plane's, the job fails over to B and holds plane A suspect.
         _reset_plane_links(h, 1, plane=0)
-        run.wait_said("failover to plane b done", "the first failover", deadline_s=120.0)
+        first = "failover to plane b done"
+        wait_for(
+            lambda: (
+                run.said(first) or run.said("killed by SIGABRT") or run.serve.poll() is not None
+            ),
+            "the first failover",
+            120.0,
+            run.tail,
+        )
+        if not run.said(first) and may_retry and _gloo_aborted(run, run_dir):
+            out = run.finish()
+            assert "job e2e-planes: SUCCEEDED" in out, out
+            assert digest(run_dir) == fault_free.digest
+            return False
+        run.wait_said(first, "the first failover", deadline_s=120.0)
         # 2. An operator sends the job back to plane A.
         res = unbroken("link", "switchback", "--run", run_dir)
         assert res.rc == 0 and "plane a active: step" in res.stdout, res.explain()
@@ -96,3 +141,4 @@ def test_a_failed_plane_fails_over_and_switches_back_without_restarting_a_proces
     planes = {k: st["planes"][k] for k in ("active", "failovers", "switchbacks", "down")}
     assert planes == {"active": "a", "failovers": 2, "switchbacks": 2, "down": []}
     assert digest(run_dir) == fault_free.digest
+    return True

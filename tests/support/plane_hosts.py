@@ -50,13 +50,23 @@ class Served:
     serve: subprocess.Popen[str]
     lines: list[str]
     agents: list[subprocess.Popen[str]]
+    reader: threading.Thread | None = None
 
     def said(self, text: str, times: int = 1) -> bool:
         return sum(text in line for line in list(self.lines)) >= times
 
     def wait_said(self, text: str, what: str, times: int = 1, deadline_s: float = 60.0) -> None:
-        """Wait until the run has said ``text`` ``times`` times; fail showing its last lines."""
-        wait_for(lambda: self.said(text, times), what, deadline_s, self.tail)
+        """Wait until the run has said ``text`` ``times`` times; fail showing its last lines
+        (at once if the run has ended without saying it)."""
+        wait_for(
+            lambda: self.said(text, times) or self.serve.poll() is not None,
+            what,
+            deadline_s,
+            self.tail,
+        )
+        if not self.said(text, times) and self.reader is not None:
+            self.reader.join(timeout=10)  # the run ended: its last lines read
+        assert self.said(text, times), f"{what}: the run ended without it\n{self.tail()}"
 
     def tail(self, n: int = 40) -> str:
         """The run's last ``n`` lines of output, and its agents' when they have ended."""
@@ -88,6 +98,7 @@ def served(h: Hosts, tmp_path: Path, run_dir: Path, job: Path) -> Iterator[Serve
     run = Served(serve, [], [])
     assert serve.stdout is not None
     reader = threading.Thread(target=lambda: run.lines.extend(serve.stdout or ()), daemon=True)
+    run.reader = reader
     reader.start()
     try:
         wait_for(lambda: (run_dir / "control.json").exists(), "the control plane", 60.0)
