@@ -4,6 +4,7 @@ the test) and the fault-free run every faulted run's final model is compared wit
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import time
@@ -51,14 +52,27 @@ def _running(pid: int) -> bool:
 @pytest.fixture(scope="session")
 def fault_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """The e2e job run once without faults: its final model digest is the one every faulted
-    run must end with, bit for bit."""
-    run_dir = tmp_path_factory.mktemp("fault-free") / "run"
-    res = run_job(run_dir)
-    assert_no_processes_left(run_dir)
-    assert res.rc == 0, res.explain()
-    assert "job e2e-mlp: SUCCEEDED" in res.stdout, res.explain()
-    assert "0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
-    return Reference(run_dir, digest(run_dir))
+    run must end with, bit for bit. Run once for the whole session: pytest-xdist workers
+    share it (the first to take the lock runs it; the others read its digest); tests only
+    read its run directory."""
+    base = tmp_path_factory.getbasetemp()
+    if base.name.startswith("popen-gw"):
+        base = base.parent  # the directory every worker's own lies in
+    shared = base / "fault-free-shared"
+    shared.mkdir(exist_ok=True)
+    with (shared / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run_dir, done = shared / "run", shared / "digest"
+        if done.exists():
+            return Reference(run_dir, done.read_text())
+        res = run_job(run_dir)
+        assert_no_processes_left(run_dir)
+        assert res.rc == 0, res.explain()
+        assert "job e2e-mlp: SUCCEEDED" in res.stdout, res.explain()
+        assert "0 fault(s), 0 recovery(ies)" in res.stdout, res.explain()
+        ref = Reference(run_dir, digest(run_dir))
+        done.write_text(ref.digest)
+        return ref
 
 
 @pytest.fixture

@@ -66,16 +66,19 @@ def zero_fault_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return _fault_free(tmp_path_factory.mktemp("zero-fault-free"), "zero")
 
 
+@pytest.fixture(scope="module")
+def fsdp_fault_free(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The FSDP2 job run once without faults (pod-level rescheduling on or off, it trains the
+    same)."""
+    return _fault_free(tmp_path_factory.mktemp("fsdp-fault-free"), "fsdp")
+
+
 @pytest.mark.parametrize("parallel", ["fsdp", "zero"])
 def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
     tmp_path: Path, parallel: str, request: pytest.FixtureRequest
 ) -> None:
     job = _sharded_job(tmp_path / "job.yaml", parallel)
-    reference = (
-        request.getfixturevalue("zero_fault_free")
-        if parallel == "zero"
-        else _fault_free(tmp_path / "fault-free", parallel)
-    )
+    reference: Reference = request.getfixturevalue(f"{parallel}_fault_free")
 
     faulted = tmp_path / "faulted"
     res = run_job(faulted, "--chaos", KILL, job=job)
@@ -96,7 +99,9 @@ def test_lost_shard_without_replica_restarts_from_the_checkpoint_exactly(
         assert "a lost rank's shard has no replica on another rank" in log.read_text()
 
 
-def test_fsdp_lost_node_restarts_from_the_checkpoint_on_the_spare_node(tmp_path: Path) -> None:
+def test_fsdp_lost_node_restarts_from_the_checkpoint_on_the_spare_node(
+    tmp_path: Path, fsdp_fault_free: Reference
+) -> None:
     """FSDP2 over all ranks, node-1 lost: its ranks' shards have no replica anywhere, so the
     worker pod goes to the spare node and every rank resumes from the newest checkpoint."""
     job = write_job(
@@ -107,7 +112,7 @@ def test_fsdp_lost_node_restarts_from_the_checkpoint_on_the_spare_node(tmp_path:
             **POD_RESCHEDULING,
         },
     )
-    reference = _fault_free(tmp_path / "fault-free", "fsdp")
+    reference = fsdp_fault_free
     faulted = tmp_path / "faulted"
     res = run_job(faulted, "--chaos", FIXTURES / "kill-node.yaml", job=job)
     assert res.rc == 0, res.explain()
