@@ -15,14 +15,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from unbroken.agent.children import become_subreaper
-from unbroken.agent.ranks import RankExit, RankProcess, Zygote, rank_argv, start_zygote
+from unbroken.agent.ranks import RankExit, RankProcess, Zygote, _Spawn, rank_argv, start_zygote
 
 pytestmark = pytest.mark.component
 
@@ -204,6 +206,48 @@ def test_a_pending_rank_that_is_killed_never_runs(tmp_path: Path) -> None:
     z.close()
     assert z.proc.returncode == -signal.SIGKILL  # it had an order left: killed
     assert not (tmp_path / "never.json").exists()
+
+
+class _SaidButNotTaken(_Spawn):
+    """A spawn whose pid the zygote has said while the rank's watcher thread has not taken
+    it yet (held in ``wait`` until ``go`` is set)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.resolve(pid)
+
+    def wait(self) -> int | None:
+        self.go.wait(30)
+        return super().wait()
+
+
+class _Ordered:
+    """A zygote that has forked the order's process already: ``order`` returns its spawn."""
+
+    alive = True
+
+    def __init__(self, spawn: _Spawn) -> None:
+        self.spawn = spawn
+
+    def order(self, order: Mapping[str, object]) -> _Spawn:
+        return self.spawn
+
+
+def test_a_signal_after_the_pid_was_said_reaches_the_process(tmp_path: Path) -> None:
+    """The zygote said the rank's pid but the watcher thread has not taken it yet: the rank
+    is not pending, a kill reaches its process and its exit names its pid."""
+    assert become_subreaper()
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    spawn = _SaidButNotTaken(child.pid)
+    exits: queue.Queue[RankExit] = queue.Queue()
+    proc = _rank(tmp_path, cast(Zygote, _Ordered(spawn)), "said", exits)
+    assert not proc.pending and proc.pid == child.pid
+    proc.kill()
+    spawn.go.set()
+    ex = exits.get(timeout=30)
+    assert (ex.returncode, ex.pid, ex.signal_name) == (-9, child.pid, "SIGKILL")
+    assert not proc.alive
 
 
 def test_a_rank_starts_anew_when_its_zygote_dies(tmp_path: Path) -> None:
